@@ -1,0 +1,216 @@
+"""enqueue, jobs, failed_jobs, retry, delete and tick: the seed's methods, for Django."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import math
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
+
+from . import ids
+from .conf import jobs_settings
+from .db import queue_alias
+from .models import Job, Status
+from .registry import registry
+
+QUEUE_MAX = 64
+UNIQUE_MAX = 191
+ID_MAX = 64
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+INSERT_SQL = (
+    "INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
+    "created_at, queue, priority, unique_key, unique_hash) "
+    "VALUES (%s, %s, %s, 'pending', 0, %s, %s, %s, %s, %s, %s, %s)"
+)
+
+
+def _short(value: str, n: int = 40) -> str:
+    return repr(value if len(value) <= n else value[:n] + "...")
+
+
+def _text(name: str, value: Any, *, limit: int | None = None, empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r:.60}")
+    if not empty and not value:
+        raise ValueError(f"{name} must not be empty")
+    if limit is not None and len(value) > limit:
+        raise ValueError(f"{name} {_short(value)} is {len(value)} characters; the limit is {limit}")
+    if "\x00" in value:
+        raise ValueError(f"{name} {_short(value)} contains a NUL character, which PostgreSQL cannot store")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} {_short(value)} is not valid Unicode text: {exc.reason}") from None
+    return value
+
+
+def _int(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.60}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} {value} is out of range; it must be between {lo} and {hi}")
+    return value
+
+
+def _due_at(run_at: Any, run_in: Any, now: float) -> int:
+    """Unix second at which the job becomes due, rounded up so it never runs early."""
+    if run_at is not None and run_in is not None:
+        raise ValueError("give run_at or run_in, not both")
+    if run_at is not None:
+        if not isinstance(run_at, dt.datetime):
+            raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__} {run_at!r:.60}")
+        if timezone.is_naive(run_at):
+            if settings.USE_TZ:
+                raise ValueError(
+                    f"run_at {run_at.isoformat()} is a naive datetime while USE_TZ is on; "
+                    "pass an aware one (django.utils.timezone.now() + ...)"
+                )
+            run_at = timezone.make_aware(run_at, timezone.get_default_timezone())
+        return max(math.ceil(run_at.timestamp()), 0)
+    if run_in is not None:
+        if isinstance(run_in, dt.timedelta):
+            seconds = run_in.total_seconds()
+        elif isinstance(run_in, (int, float)) and not isinstance(run_in, bool):
+            seconds = float(run_in)
+        else:
+            raise TypeError(f"run_in must be a timedelta or seconds, got {type(run_in).__name__} {run_in!r:.60}")
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"run_in {run_in!r} must be a finite, non-negative delay")
+        return math.ceil(now + seconds)
+    return int(now)
+
+
+def unique_hash(job_type: str, unique: str) -> str:
+    return hashlib.sha256(f"{job_type}\x00{unique}".encode()).hexdigest()
+
+
+def prepare(
+    job_type: Any, payload: Any = "", *, queue: Any = None, priority: Any = None, run_at: Any = None,
+    run_in: Any = None, unique: Any = None, max_retries: Any = None, now: float | None = None,
+) -> list[Any]:
+    """Validate one job's arguments and return its INSERT parameters (the id included)."""
+    job_type = _text("job_type", job_type)
+    payload = _text("payload", payload, empty=True)
+    spec = registry.get(job_type)
+    defaults = spec.options if spec is not None else {}
+    queue = _text("queue name", defaults.get("queue", "default") if queue is None else queue, limit=QUEUE_MAX)
+    priority = _int("priority", defaults.get("priority", 0) if priority is None else priority, INT64_MIN, INT64_MAX)
+    if max_retries is None:
+        max_retries = defaults.get("max_retries", jobs_settings.MAX_RETRIES)
+    max_retries = _int("max_retries", max_retries, 0, INT32_MAX)
+    if unique is not None:
+        unique = _text("unique key", unique, limit=UNIQUE_MAX)
+    now = time.time() if now is None else now
+    due = _due_at(run_at, run_in, now)
+    return [
+        ids.new_id(), job_type, payload, max_retries, due, int(now), queue, priority, unique,
+        unique_hash(job_type, unique) if unique is not None else None,
+    ]
+
+
+def enqueue(job_type: str, payload: str = "", *, queue: str | None = None, priority: int | None = None,
+            run_at: dt.datetime | None = None, run_in: dt.timedelta | float | None = None,
+            unique: str | None = None, max_retries: int | None = None, using: str | None = None) -> str:
+    """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
+
+    With ``unique=key``, while a job of this type and key is pending or running nothing is
+    inserted and that job's id is returned (the database enforces it across processes).
+    """
+    params = prepare(job_type, payload, queue=queue, priority=priority, run_at=run_at, run_in=run_in,
+                     unique=unique, max_retries=max_retries)
+    alias = queue_alias(using)
+    if params[-1] is None:
+        with connections[alias].cursor() as c:
+            c.execute(INSERT_SQL, params)
+        return params[0]
+    return _insert_unique(alias, params)
+
+
+def _insert_unique(alias: str, params: list[Any]) -> str:
+    conn = connections[alias]
+    digest = params[-1]
+    lock = " FOR UPDATE" if conn.features.has_select_for_update else ""
+    for _ in range(10):
+        try:
+            with transaction.atomic(using=alias), conn.cursor() as c:
+                c.execute(INSERT_SQL, params)
+            return params[0]
+        except IntegrityError:
+            pass
+        # A locking read sees the latest committed row even under MySQL's REPEATABLE READ.
+        with transaction.atomic(using=alias), conn.cursor() as c:
+            c.execute(f"SELECT id, status FROM rws_jobs WHERE unique_hash = %s{lock}", [digest])
+            row = c.fetchone()
+            if row is not None and row[1] in (Status.PENDING, Status.RUNNING):
+                return row[0]
+            if row is not None:
+                # A failed row still holding the key (a seed writer does not clear it): free it.
+                c.execute("UPDATE rws_jobs SET unique_hash = NULL WHERE id = %s AND status = 'failed'", [row[0]])
+        # Otherwise the holder finished between the two statements: insert again.
+    raise RuntimeError(f"could not enqueue unique job {params[1]!r} key {params[8]!r}: kept conflicting")
+
+
+def jobs(status: str | None = None, limit: int = 100, *, using: str | None = None) -> list[Job]:
+    """Jobs with ``status`` (all when None), highest priority and earliest due first."""
+    if status is not None and status not in Status.values:
+        raise ValueError(f"status {status!r} is not one of {', '.join(Status.values)}")
+    _int("limit", limit, 0, INT64_MAX)
+    qs = Job.objects.using(queue_alias(using)).in_queue_order()
+    if status is not None:
+        qs = qs.filter(status=status)
+    return list(qs[:limit])
+
+
+def failed_jobs(limit: int = 100, *, using: str | None = None) -> list[Job]:
+    """The dead-letter list."""
+    return jobs(Status.FAILED, limit, using=using)
+
+
+def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
+    """Put a failed job back, due now with attempts reset. False if there is no failed job
+    ``job_id``, or if a pending or running job already holds its unique key."""
+    alias = queue_alias(using)
+    now = int(time.time()) if now is None else now
+    with transaction.atomic(using=alias):
+        job = Job.objects.using(alias).select_for_update().filter(id=job_id, status=Status.FAILED).first()
+        if job is None:
+            return False
+        digest = unique_hash(job.job_type, job.unique_key) if job.unique_key is not None else None
+        try:
+            with transaction.atomic(using=alias):
+                changed = Job.objects.using(alias).filter(id=job_id, status=Status.FAILED).update(
+                    status=Status.PENDING, attempts=0, next_run_at=now, unique_hash=digest,
+                    locked_by=None, locked_until=None, failed_at=None,
+                )
+        except IntegrityError:
+            return False
+    return changed == 1
+
+
+def delete(job_id: str, *, using: str | None = None) -> bool:
+    """Delete a job that is not running. False when there is no such job."""
+    alias = queue_alias(using)
+    return Job.objects.using(alias).filter(id=job_id).exclude(status=Status.RUNNING).delete()[0] > 0
+
+
+def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
+    """Claim one due job and run it in the calling thread. False when none is due."""
+    from .runner import run_claimed
+    from .store import Store
+    from .worker import claim_token
+
+    alias = queue_alias(using)
+    store = Store(connections[alias])
+    now = int(time.time())
+    claimed = store.claim(claim_token(), now, now + int(jobs_settings.LEASE_SECONDS), queues, 1)
+    if not claimed:
+        return False
+    run_claimed(store, claimed[0])
+    return True

@@ -1,0 +1,17 @@
+from django.apps import AppConfig
+from django.db.backends.signals import connection_created
+
+
+class RwsJobsConfig(AppConfig):
+    name = "django_rws_jobs"
+    label = "django_rws_jobs"
+    verbose_name = "Jobs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the system checks)
+        from .db import configure_sqlite
+        from .registry import autodiscover
+
+        connection_created.connect(configure_sqlite, dispatch_uid="django_rws_jobs.configure_sqlite")
+        autodiscover()

@@ -1,0 +1,44 @@
+"""The ``RWS_JOBS`` settings, read on every access so ``override_settings`` works."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+
+DEFAULTS: dict[str, Any] = {
+    "DATABASE": "default",
+    "MAX_RETRIES": 3,
+    "BACKOFF_INITIAL": 0.5,
+    "BACKOFF_MULTIPLIER": 2.0,
+    "BACKOFF_MAX": 3600,
+    "POLL_INTERVAL": 0.5,
+    "LEASE_SECONDS": 60,
+    "SHUTDOWN_TIMEOUT": 30,
+    "SCHEDULES": {},
+    # How often (seconds) a worker looks for expired leases; None means LEASE_SECONDS / 2.
+    "RECOVERY_INTERVAL": None,
+    # Jobs one worker thread claims per statement (never more than it can start at once).
+    "CLAIM_BATCH": 1,
+}
+
+
+class JobsSettings:
+    """Attribute access to RWS_JOBS with defaults; nothing is cached."""
+
+    def _user(self) -> dict[str, Any]:
+        value = getattr(settings, "RWS_JOBS", {})
+        return value if isinstance(value, dict) else {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"RWS_JOBS has no setting {name!r}")
+        return self._user().get(name, DEFAULTS[name])
+
+    @property
+    def recovery_interval(self) -> float:
+        value = self.RECOVERY_INTERVAL
+        return float(value) if value is not None else max(float(self.LEASE_SECONDS) / 2, 0.5)
+
+
+jobs_settings = JobsSettings()

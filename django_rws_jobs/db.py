@@ -1,0 +1,82 @@
+"""Database plumbing: connections, SQLite set-up and short transactions on any connection."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .conf import jobs_settings
+
+logger = logging.getLogger("django_rws_jobs")
+
+#: Busy timeout (ms) given to SQLite connections whose settings name none: several worker
+#: processes and a web process share one file, and a writer waits for another rather than fail.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def configure_sqlite(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """Put file-backed SQLite databases in WAL mode with a busy timeout, unless the user chose."""
+    if connection.vendor != "sqlite":
+        return
+    options = connection.settings_dict.get("OPTIONS", {})
+    init = (options.get("init_command") or "").lower()
+    if "transaction_mode" not in options:
+        # A deferred transaction that reads, then writes, fails at once with "database is locked"
+        # when another process wrote meanwhile; IMMEDIATE takes the write lock at BEGIN and waits.
+        connection.transaction_mode = "IMMEDIATE"
+    with connection.cursor() as cursor:
+        if "timeout" not in options and "busy_timeout" not in init:
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        if "journal_mode" not in init and not connection.is_in_memory_db():
+            cursor.execute("PRAGMA journal_mode")
+            if cursor.fetchone()[0].lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+            if "synchronous" not in init:
+                # In WAL mode NORMAL stays consistent after a crash of the process or the OS; only
+                # a power loss may forget the last commits. It saves an fsync per commit.
+                cursor.execute("PRAGMA synchronous = NORMAL")
+
+
+def queue_alias(using: str | None = None) -> str:
+    alias = using if using is not None else jobs_settings.DATABASE
+    if not isinstance(alias, str) or alias not in connections.settings:
+        raise ValueError(
+            f"database alias {alias!r} is not in DATABASES (known: {', '.join(connections.settings)})"
+        )
+    return alias
+
+
+def private_connection(alias: str) -> BaseDatabaseWrapper:
+    """A connection of our own to ``alias``, outside Django's per-thread handling.
+
+    ``close_old_connections()`` around a job never closes it, so the worker's bookkeeping does not
+    reconnect for every job.
+    """
+    return connections.create_connection(alias)
+
+
+def is_registered(conn: BaseDatabaseWrapper) -> bool:
+    """True for the calling thread's own Django connection to conn.alias."""
+    return connections[conn.alias] is conn
+
+
+@contextmanager
+def atomic(conn: BaseDatabaseWrapper, *, write: bool = True) -> Iterator[None]:
+    """A short transaction on ``conn`` (a savepoint inside the caller's, on Django's connection)."""
+    if is_registered(conn):
+        with transaction.atomic(using=conn.alias):
+            yield
+        return
+    begin = "BEGIN IMMEDIATE" if conn.vendor == "sqlite" and write else "BEGIN"
+    with conn.cursor() as cursor:
+        cursor.execute(begin)
+        try:
+            yield
+        except BaseException:
+            cursor.execute("ROLLBACK")
+            raise
+        cursor.execute("COMMIT")

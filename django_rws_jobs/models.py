@@ -1,0 +1,139 @@
+"""The queue's tables: ``rws_jobs`` and ``rws_job_schedules`` (shared with rust-web-server)."""
+
+from __future__ import annotations
+
+import time
+
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+
+class Status(models.TextChoices):
+    """A job's state, and who moves it.
+
+    ``pending``: written by ``enqueue``, by a failed attempt that will be retried, by recovery of an
+    expired lease and by ``retry``; left by a worker's claim. ``running``: set by a claim; left by
+    the worker's outcome (row deleted, back to pending, or failed) or by recovery. ``failed``: the
+    dead-letter list, set when attempts exceed max_retries; left by ``retry`` or ``delete``.
+    """
+
+    PENDING = "pending", _("pending")
+    RUNNING = "running", _("running")
+    FAILED = "failed", _("failed")
+
+
+class JobQuerySet(models.QuerySet):
+    def pending(self) -> JobQuerySet:
+        return self.filter(status=Status.PENDING)
+
+    def running(self) -> JobQuerySet:
+        return self.filter(status=Status.RUNNING)
+
+    def failed(self) -> JobQuerySet:
+        return self.filter(status=Status.FAILED)
+
+    def due(self, now: int | None = None) -> JobQuerySet:
+        """Pending jobs whose time has come (``now`` in unix seconds)."""
+        now = int(time.time()) if now is None else now
+        return self.filter(status=Status.PENDING, next_run_at__lte=now)
+
+    def lease_expired(self, now: int | None = None) -> JobQuerySet:
+        """Running jobs whose holder stopped renewing its lease."""
+        now = int(time.time()) if now is None else now
+        return self.filter(status=Status.RUNNING).filter(
+            Q(locked_until__lt=now) | Q(locked_until__isnull=True)
+        )
+
+    def in_queue_order(self) -> JobQuerySet:
+        return self.order_by("-priority", "next_run_at", "created_at", "id")
+
+
+class Job(models.Model):
+    """One row of ``rws_jobs``. The seed's columns come first; the rest are ours, all nullable."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    job_type = models.TextField()
+    payload = models.TextField(db_default="", default="", blank=True)
+    status = models.CharField(
+        max_length=16, choices=Status.choices, db_default=Status.PENDING, default=Status.PENDING
+    )
+    attempts = models.IntegerField(db_default=0, default=0, help_text=_("attempts that failed so far"))
+    max_retries = models.IntegerField(
+        db_default=3, default=3, help_text=_("retries allowed after the first attempt")
+    )
+    next_run_at = models.BigIntegerField(help_text=_("unix seconds: when it is (or was last) due"))
+    created_at = models.BigIntegerField(help_text=_("unix seconds"))
+    last_error = models.TextField(null=True, blank=True)
+    queue = models.CharField(max_length=64, db_default="default", default="default")
+    priority = models.BigIntegerField(db_default=0, default=0, help_text=_("higher runs first"))
+    unique_key = models.CharField(max_length=191, null=True, blank=True)
+
+    # Ours. sha256(job_type, unique_key) while the job is pending or running, NULL otherwise: a
+    # plain unique index on it enforces unique jobs the same way on every database (MySQL has no
+    # partial indexes, and job_type is TEXT, which it cannot index whole).
+    unique_hash = models.CharField(max_length=64, null=True, blank=True, editable=False)
+    # The claim holding a running job (worker id and claim number) and until when (unix seconds).
+    locked_by = models.CharField(max_length=128, null=True, blank=True)
+    locked_until = models.BigIntegerField(null=True, blank=True)
+    started_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds: last claim"))
+    failed_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds: moved to dead"))
+    traceback = models.TextField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = "rws_jobs"
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        indexes = [
+            # The claim and the empty poll: a range scan over due rows only, so future rows cost
+            # nothing; the few due rows are then ordered by priority.
+            models.Index(fields=["status", "next_run_at"], name="rws_jobs_due_idx"),
+            # Lease recovery: running rows whose lease ran out.
+            models.Index(fields=["status", "locked_until"], name="rws_jobs_lease_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["unique_hash"], name="rws_jobs_unique_active"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_type} {self.id} ({self.status})"
+
+    @property
+    def is_dead(self) -> bool:
+        return self.status == Status.FAILED
+
+
+class FailedJobManager(models.Manager):
+    def get_queryset(self) -> JobQuerySet:
+        return JobQuerySet(self.model, using=self._db).filter(status=Status.FAILED)
+
+
+class FailedJob(Job):
+    """The dead-letter list: jobs that exhausted their retries."""
+
+    objects = FailedJobManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = _("dead job")
+        verbose_name_plural = _("dead-letter list")
+
+
+class JobSchedule(models.Model):
+    """One row of ``rws_job_schedules``: the next unclaimed due time of a cron schedule."""
+
+    name = models.CharField(max_length=191, primary_key=True)
+    next_run_at = models.BigIntegerField(help_text=_("unix seconds: next unclaimed due time"))
+    # Ours: the expression that computed next_run_at, so a changed one takes effect at once.
+    # NULL on rows a seed writer made; those are treated as changed.
+    cron = models.CharField(max_length=255, null=True, blank=True)
+
+    class Meta:
+        db_table = "rws_job_schedules"
+        verbose_name = _("schedule")
+        verbose_name_plural = _("schedules")
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,71 @@
+# Shared set-up for scripts/test, scripts/example and scripts/bench: system packages, database
+# servers, and one virtualenv per Django series. Sourced, not run.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# An interpreter whose version is at least $1 (e.g. 3.12). pyenv shims for non-global versions fail
+# unless told, so pyenv's own version directories are tried too.
+find_python() {
+    local want=$1 cand
+    local cands=(python3.13 python3.12 python3)
+    if command -v pyenv >/dev/null 2>&1; then
+        for d in "$(pyenv root)"/versions/3.1[0-9]*; do [ -x "$d/bin/python3" ] && cands+=("$d/bin/python3"); done
+    fi
+    for cand in "${cands[@]}"; do
+        if "$cand" -c "import sys; sys.exit(0 if sys.version_info >= tuple(map(int, '$want'.split('.'))) else 1)" >/dev/null 2>&1; then
+            command -v "$cand" 2>/dev/null || echo "$cand"
+            return 0
+        fi
+    done
+    return 1
+}
+
+need_apt=()
+ensure_system_packages() {
+    # mysqlclient compiles against the MariaDB client headers; the browser test uses Debian's chromium.
+    [ -f /usr/include/mariadb/mysql.h ] || [ -f /usr/include/mysql/mysql.h ] || need_apt+=(libmariadb-dev)
+    command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+    command -v gcc >/dev/null || need_apt+=(gcc)
+    if [ "${1:-}" = browser ]; then command -v chromium >/dev/null || need_apt+=(chromium); fi
+    if [ ${#need_apt[@]} -gt 0 ]; then
+        if [ "$(id -u)" = 0 ]; then
+            log "apt-get install ${need_apt[*]}"
+            apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need_apt[@]}" >/dev/null
+        else
+            log "missing system packages: ${need_apt[*]} (install them with apt-get as root)"; return 1
+        fi
+    fi
+}
+
+ensure_postgres() {
+    if pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then return 0; fi
+    log "starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start || true
+    for _ in $(seq 1 60); do pg_isready -h 127.0.0.1 -p 5432 -q && return 0; sleep 0.5; done
+    log "PostgreSQL did not start"; return 1
+}
+
+ensure_mariadb() {
+    if mariadb-admin -h 127.0.0.1 -uroot ping >/dev/null 2>&1; then return 0; fi
+    log "starting MariaDB"
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+    for _ in $(seq 1 60); do mariadb-admin -h 127.0.0.1 -uroot ping >/dev/null 2>&1 && return 0; sleep 0.5; done
+    log "MariaDB did not start"; return 1
+}
+
+# make_venv DIR MIN_PYTHON DJANGO_SPEC EXTRAS
+make_venv() {
+    local dir=$1 minpy=$2 django=$3 extras=$4 py
+    local stamp="$dir/.rws-stamp" want
+    want="$django|$extras|$(sha1sum "$ROOT/pyproject.toml" | cut -c1-12)"
+    if [ -x "$dir/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then return 0; fi
+    py=$(find_python "$minpy") || { log "no Python >= $minpy found"; return 1; }
+    log "creating $dir with $py ($django)"
+    rm -rf "$dir"
+    "$py" -m venv "$dir"
+    "$dir/bin/python" -m pip install -q --upgrade pip >/dev/null
+    "$dir/bin/python" -m pip install -q -e "$ROOT[$extras]" "$django"
+    echo "$want" > "$stamp"
+}

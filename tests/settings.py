@@ -1,0 +1,99 @@
+"""Test settings: RWS_TEST_DB=sqlite|postgres|mysql picks the database (default sqlite)."""
+
+import os
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TMP = Path(os.environ.get("RWS_TEST_TMP", HERE / ".tmp"))
+TMP.mkdir(exist_ok=True)
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+
+DB = os.environ.get("RWS_TEST_DB", "sqlite")
+# Subprocesses started by the tests point at the test database the test run created.
+NAME_OVERRIDE = os.environ.get("RWS_TEST_DB_NAME")
+
+if DB == "sqlite":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": NAME_OVERRIDE or str(TMP / "main.sqlite3"),
+            # A file, not memory: the tests start worker processes that share it.
+            "TEST": {"NAME": str(TMP / f"test-{os.getpid()}.sqlite3")},
+        }
+    }
+elif DB == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": NAME_OVERRIDE or "rws_jobs",
+            "USER": os.environ.get("PGUSER", "postgres"),
+            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("PGPORT", "5432"),
+            "TEST": {"NAME": f"test_rws_jobs_{os.getpid()}"},
+        }
+    }
+elif DB == "mysql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": NAME_OVERRIDE or "rws_jobs",
+            "USER": os.environ.get("MYSQL_USER", "root"),
+            "PASSWORD": os.environ.get("MYSQL_PASSWORD", ""),
+            "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MYSQL_PORT", "3306"),
+            "OPTIONS": {"charset": "utf8mb4"},
+            "TEST": {"NAME": f"test_rws_jobs_{os.getpid()}", "CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"},
+        }
+    }
+else:
+    raise RuntimeError(f"RWS_TEST_DB={DB!r}: use sqlite, postgres or mysql")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_rws_jobs",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "/static/"
+
+RWS_JOBS = {
+    "BACKOFF_INITIAL": 0.5,
+    "POLL_INTERVAL": 0.1,
+    "LEASE_SECONDS": int(os.environ.get("RWS_TEST_LEASE", "60")),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_rws_jobs": {"handlers": ["stderr"], "level": os.environ.get("RWS_LOG_LEVEL", "WARNING")}},
+}

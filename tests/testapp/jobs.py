@@ -1,0 +1,45 @@
+"""Handlers used by the tests; they leave their traces in the database so other processes see them."""
+
+import os
+import time
+
+from django_rws_jobs import job
+
+
+def _trace(kind: str, payload: str) -> None:
+    from .models import Run
+
+    Run.objects.create(kind=kind, payload=payload, pid=os.getpid())
+
+
+@job("test.record")
+def record(payload: str) -> None:
+    _trace("record", payload)
+
+
+@job("test.fail")
+def fail(payload: str) -> None:
+    raise ValueError(f"boom {payload}")
+
+
+@job("test.sleep")
+def sleep(payload: str) -> None:
+    _trace("start", payload)
+    time.sleep(float(payload))
+    _trace("end", payload)
+
+
+@job("test.exit")
+def hard_exit(payload: str) -> None:
+    _trace("exit", payload)
+    os._exit(7)
+
+
+@job("test.noop")
+def noop(payload: str) -> None:
+    pass
+
+
+@job("test.mailer", queue="mailers", priority=5, max_retries=1)
+def mailer(payload: str) -> None:
+    _trace("mailer", payload)
