@@ -1,0 +1,11 @@
+from django.contrib import admin
+from django.urls import path
+
+from shop import views
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("orders/", views.place_order, name="place_order"),
+    path("orders/broken/", views.place_broken_order, name="place_broken_order"),
+    path("admin/", admin.site.urls),
+]
