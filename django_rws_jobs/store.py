@@ -48,6 +48,16 @@ def _queue_filter(queues: Sequence[str] | None) -> tuple[str, list[Any]]:
     return f" AND queue IN ({', '.join(['%s'] * len(queues))})", list(queues)
 
 
+def due_select(columns: str, queues: Sequence[str] | None, now: int, limit: int) -> tuple[str, list[Any]]:
+    """The claim's candidate query: due jobs in queue order (what the indexes must serve)."""
+    qsql, qparams = _queue_filter(queues)
+    return (
+        f"SELECT {columns} FROM rws_jobs WHERE status = 'pending' AND next_run_at <= %s{qsql} "
+        f"ORDER BY {ORDER} LIMIT %s",
+        [now, *qparams, limit],
+    )
+
+
 class Store:
     """Queue statements on one connection (the thread's Django one, or a private one)."""
 
@@ -61,19 +71,14 @@ class Store:
         self, token: str, now: int, lease_until: int, queues: Sequence[str] | None, limit: int
     ) -> list[Claimed]:
         """Atomically take up to ``limit`` due jobs, in queue order, leased to ``token``."""
-        qsql, qparams = _queue_filter(queues)
-        select = (
-            f"SELECT {{cols}} FROM rws_jobs WHERE status = 'pending' AND next_run_at <= %s{qsql} "
-            f"ORDER BY {ORDER} LIMIT %s"
-        )
         sets = "status = 'running', locked_by = %s, locked_until = %s, started_at = %s"
         set_params = [token, lease_until, now]
-        where_params = [now, *qparams, limit]
         if self.vendor == "mysql":
             # No UPDATE ... RETURNING: lock the rows (skipping those another worker holds), then
             # mark them, in one short transaction.
+            select, params = due_select(CLAIM_COLUMNS, queues, now, limit)
             with atomic(self.conn), self.conn.cursor() as c:
-                c.execute(select.format(cols=CLAIM_COLUMNS) + " FOR UPDATE SKIP LOCKED", where_params)
+                c.execute(select + " FOR UPDATE SKIP LOCKED", params)
                 rows = c.fetchall()
                 if not rows:
                     return []
@@ -83,12 +88,12 @@ class Store:
                     [*set_params, *ids],
                 )
         else:
+            select, params = due_select("id", queues, now, limit)
             lock = " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
             with self.conn.cursor() as c:
                 c.execute(
-                    f"UPDATE rws_jobs SET {sets} WHERE id IN ({select.format(cols='id')}{lock}) "
-                    f"RETURNING {CLAIM_COLUMNS}",
-                    [*set_params, *where_params],
+                    f"UPDATE rws_jobs SET {sets} WHERE id IN ({select}{lock}) RETURNING {CLAIM_COLUMNS}",
+                    [*set_params, *params],
                 )
                 rows = c.fetchall()
             # RETURNING does not keep the subquery's order.

@@ -43,3 +43,10 @@ def noop(payload: str) -> None:
 @job("test.mailer", queue="mailers", priority=5, max_retries=1)
 def mailer(payload: str) -> None:
     _trace("mailer", payload)
+
+
+@job("test.in_transaction")
+def in_transaction(payload: str) -> None:
+    from django.db import connection
+
+    _trace("atomic" if connection.in_atomic_block else "autocommit", payload)

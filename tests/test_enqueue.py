@@ -1,0 +1,207 @@
+import datetime as dt
+import math
+import time
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+from django.utils import timezone
+
+import django_rws_jobs as rws
+from django_rws_jobs.models import Job
+from tests.testapp.models import Order
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_defaults():
+    before = int(time.time())
+    job = Job.objects.get(id=rws.enqueue("test.record"))
+    after = int(time.time())
+    assert (job.job_type, job.payload, job.status, job.attempts) == ("test.record", "", "pending", 0)
+    assert (job.queue, job.priority, job.max_retries, job.unique_key) == ("default", 0, 3, None)
+    assert before <= job.next_run_at <= after and before <= job.created_at <= after
+    assert job.last_error is None
+
+
+def test_options_are_stored():
+    run_at = timezone.now() + dt.timedelta(hours=1)
+    job = Job.objects.get(id=rws.enqueue("x.y", "p", queue="mailers", priority=-7, run_at=run_at,
+                                         unique="k", max_retries=5))
+    assert (job.queue, job.priority, job.max_retries, job.unique_key) == ("mailers", -7, 5, "k")
+    assert job.next_run_at == math.ceil(run_at.timestamp())
+
+
+def test_job_decorator_options_are_defaults():
+    job = Job.objects.get(id=rws.enqueue("test.mailer", "m"))
+    assert (job.queue, job.priority, job.max_retries) == ("mailers", 5, 1)
+    job = Job.objects.get(id=rws.enqueue("test.mailer", "m", queue="other", priority=0, max_retries=0))
+    assert (job.queue, job.priority, job.max_retries) == ("other", 0, 0)
+
+
+@override_settings(RWS_JOBS={"MAX_RETRIES": 9})
+def test_max_retries_default_comes_from_settings():
+    assert Job.objects.get(id=rws.enqueue("x")).max_retries == 9
+
+
+def test_unregistered_job_type_is_accepted():
+    assert Job.objects.filter(id=rws.enqueue("handled.elsewhere")).exists()
+
+
+def test_run_in_is_resolved_at_enqueue_and_rounded_up():
+    # The seed resolves run_in when its options object is built; here it is when enqueue runs.
+    before = time.time()
+    job = Job.objects.get(id=rws.enqueue("x", run_in=dt.timedelta(seconds=10)))
+    assert math.ceil(before + 10) <= job.next_run_at <= math.ceil(time.time() + 10)
+    job = Job.objects.get(id=rws.enqueue("x", run_in=0.2))
+    assert job.next_run_at >= before + 0.2  # never due before the delay has passed
+
+
+def test_run_at_in_the_past_is_due_now_and_fractional_rounds_up():
+    past = timezone.now() - dt.timedelta(days=1)
+    job = Job.objects.get(id=rws.enqueue("x", run_at=past))
+    assert job.next_run_at == math.ceil(past.timestamp())
+    at = dt.datetime(2030, 1, 1, 0, 0, 0, 1, tzinfo=dt.timezone.utc)
+    assert Job.objects.get(id=rws.enqueue("x", run_at=at)).next_run_at == int(at.timestamp()) + 1
+
+
+@override_settings(USE_TZ=False, TIME_ZONE="UTC")
+def test_naive_run_at_is_local_time_when_use_tz_is_off():
+    at = dt.datetime(2030, 1, 1, 12, 0, 0)
+    job = Job.objects.get(id=rws.enqueue("x", run_at=at))
+    assert job.next_run_at == int(at.replace(tzinfo=dt.timezone.utc).timestamp())
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, message",
+    [
+        ({"job_type": ""}, ValueError, "job_type must not be empty"),
+        ({"job_type": None}, TypeError, "job_type must be a str, got NoneType"),
+        ({"job_type": 42}, TypeError, "job_type must be a str, got int"),
+        ({"payload": None}, TypeError, "payload must be a str, got NoneType"),
+        ({"payload": b"bytes"}, TypeError, "payload must be a str, got bytes"),
+        ({"payload": 42}, TypeError, "payload must be a str, got int"),
+        ({"payload": "a\x00b"}, ValueError, "contains a NUL character"),
+        ({"payload": "\ud800"}, ValueError, "is not valid Unicode text"),
+        ({"queue": "q" * 65}, ValueError, "queue name 'qqqq"),
+        ({"queue": "q" * 65}, ValueError, "is 65 characters; the limit is 64"),
+        ({"queue": ""}, ValueError, "queue name must not be empty"),
+        ({"unique": "u" * 192}, ValueError, "is 192 characters; the limit is 191"),
+        ({"unique": 5}, TypeError, "unique key must be a str, got int"),
+        ({"run_at": dt.datetime(2030, 1, 1)}, ValueError, "naive datetime while USE_TZ is on"),
+        ({"run_at": "2030-01-01"}, TypeError, "run_at must be a datetime"),
+        ({"run_at": timezone.now(), "run_in": 5}, ValueError, "give run_at or run_in, not both"),
+        ({"run_in": -1}, ValueError, "run_in -1 must be a finite, non-negative delay"),
+        ({"run_in": float("nan")}, ValueError, "finite, non-negative"),
+        ({"run_in": "5"}, TypeError, "run_in must be a timedelta or seconds"),
+        ({"max_retries": -1}, ValueError, "max_retries -1 is out of range"),
+        ({"max_retries": 2**31}, ValueError, "max_retries 2147483648 is out of range"),
+        ({"max_retries": 1.5}, TypeError, "max_retries must be an int"),
+        ({"priority": True}, TypeError, "priority must be an int, got bool"),
+        ({"priority": 2**63}, ValueError, "priority 9223372036854775808 is out of range"),
+        ({"using": "nope"}, ValueError, "database alias 'nope' is not in DATABASES"),
+    ],
+)
+def test_bad_input_is_rejected_before_anything_is_written(kwargs, exc, message):
+    args = {"job_type": "x", "payload": "p", **kwargs}
+    with pytest.raises(exc) as info:
+        rws.enqueue(args.pop("job_type"), args.pop("payload"), **args)
+    assert message in str(info.value)
+    assert Job.objects.count() == 0
+
+
+def test_large_and_unicode_payloads_round_trip():
+    payload = "émoji 🎉 " + "x" * 200_000
+    job_id = rws.enqueue("x", payload)
+    assert Job.objects.get(id=job_id).payload == payload
+
+
+def test_enqueue_joins_the_callers_transaction():
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            Order.objects.create(number="1")
+            rws.enqueue("x", "rolled back")
+            raise RuntimeError("view failed")
+    assert Order.objects.count() == 0 and Job.objects.count() == 0
+    with transaction.atomic():
+        Order.objects.create(number="2")
+        job_id = rws.enqueue("x", "committed")
+    assert Job.objects.get(id=job_id).payload == "committed"
+
+
+def test_enqueue_in_a_transaction_is_invisible_to_other_connections_until_commit():
+    from django.db import connections
+
+    other = connections.create_connection("default")
+    try:
+        with transaction.atomic():
+            job_id = rws.enqueue("x")
+            with other.cursor() as c:
+                c.execute("SELECT COUNT(*) FROM rws_jobs WHERE id = %s", [job_id])
+                assert c.fetchone()[0] == 0
+        with other.cursor() as c:
+            c.execute("SELECT COUNT(*) FROM rws_jobs WHERE id = %s", [job_id])
+            assert c.fetchone()[0] == 1
+    finally:
+        other.close()
+
+
+# -- unique jobs ------------------------------------------------------------------------------
+
+
+def test_unique_returns_the_active_jobs_id():
+    first = rws.enqueue("x", "a", unique="k")
+    assert rws.enqueue("x", "b", unique="k") == first
+    assert Job.objects.count() == 1
+    # Another job_type, or another key, is a different job.
+    assert rws.enqueue("y", unique="k") != first
+    assert rws.enqueue("x", unique="k2") != first
+    assert Job.objects.count() == 3
+
+
+def test_unique_is_held_while_running_and_released_when_failed_or_done():
+    first = rws.enqueue("x", unique="k")
+    Job.objects.filter(id=first).update(status="running")
+    assert rws.enqueue("x", unique="k") == first
+    # A failed job does not block: the worker clears its hold when it buries it.
+    Job.objects.filter(id=first).update(status="failed", unique_hash=None)
+    second = rws.enqueue("x", unique="k")
+    assert second != first
+    Job.objects.filter(id=second).delete()
+    assert rws.enqueue("x", unique="k") not in (first, second)
+
+
+def test_unique_ignores_a_failed_row_that_still_holds_the_key():
+    # A seed writer fails a job without clearing our unique_hash column.
+    first = rws.enqueue("x", unique="k")
+    Job.objects.filter(id=first).update(status="failed")
+    second = rws.enqueue("x", unique="k")
+    assert second != first
+    assert Job.objects.get(id=first).unique_hash is None
+
+
+def test_unique_inside_a_transaction_keeps_the_transaction_usable():
+    first = rws.enqueue("x", unique="k")
+    with transaction.atomic():
+        Order.objects.create(number="1")
+        assert rws.enqueue("x", unique="k") == first
+        Order.objects.create(number="2")
+    assert Order.objects.count() == 2
+
+
+def test_unique_rolled_back_with_the_caller_frees_the_key():
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            rws.enqueue("x", unique="k")
+            raise RuntimeError
+    assert Job.objects.count() == 0
+    rws.enqueue("x", unique="k")
+    assert Job.objects.count() == 1
+
+
+def test_ids_are_unique_time_ordered_and_fit_the_column():
+    ids = [rws.enqueue("x") for _ in range(200)]
+    assert len(set(ids)) == 200
+    assert ids == sorted(ids)
+    assert all(len(i) <= 64 for i in ids)
+

@@ -1,0 +1,28 @@
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+
+@pytest.mark.django_db
+def test_makemigrations_is_clean():
+    call_command("makemigrations", "django_rws_jobs", "--check", "--dry-run", verbosity=0)
+
+
+@pytest.mark.django_db
+def test_tables_have_the_seed_defaults_in_the_database():
+    # A writer that knows only the seed's required columns (as the Rust crate's older versions
+    # insert) gets the seed's defaults from the database itself.
+    with connection.cursor() as c:
+        c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at) VALUES ('seed-1', 't', 1, 1)")
+        c.execute("SELECT payload, status, attempts, max_retries, queue, priority, unique_key, last_error "
+                  "FROM rws_jobs WHERE id = 'seed-1'")
+        assert c.fetchone() == ("", "pending", 0, 3, "default", 0, None, None)
+
+
+@pytest.mark.django_db
+def test_indexes_exist():
+    with connection.cursor() as c:
+        constraints = connection.introspection.get_constraints(c, "rws_jobs")
+    assert constraints["rws_jobs_due_idx"]["columns"] == ["status", "next_run_at"]
+    assert constraints["rws_jobs_lease_idx"]["columns"] == ["status", "locked_until"]
+    assert constraints["rws_jobs_unique_active"]["unique"] is True

@@ -1,0 +1,45 @@
+import pytest
+
+from django_rws_jobs import job, register
+from django_rws_jobs.registry import Registry, registry
+
+
+def test_jobs_py_modules_are_discovered():
+    assert "test.record" in registry
+    assert registry.get("test.mailer").options == {"queue": "mailers", "priority": 5, "max_retries": 1}
+
+
+def test_register_same_function_twice_is_fine_a_different_one_raises():
+    r = Registry()
+
+    def a(payload):
+        pass
+
+    def b(payload):
+        pass
+
+    r.register("t", a)
+    r.register("t", a)
+    with pytest.raises(ValueError, match=r"job_type 't' is already registered to .*\.a; cannot register .*\.b"):
+        r.register("t", b)
+
+
+def test_bad_registrations():
+    r = Registry()
+    with pytest.raises(TypeError, match="non-empty string"):
+        r.register("", print)
+    with pytest.raises(TypeError, match="must be callable"):
+        r.register("t", "not callable")
+
+
+def test_public_decorator_and_register():
+    @job("tests.registry.decorated")
+    def handler(payload):
+        return payload
+
+    try:
+        assert registry.get("tests.registry.decorated").func is handler
+        with pytest.raises(ValueError):
+            register("tests.registry.decorated", lambda p: None)
+    finally:
+        registry.unregister("tests.registry.decorated")

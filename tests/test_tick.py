@@ -1,0 +1,167 @@
+import logging
+import time
+
+import pytest
+from django.test import override_settings
+
+import django_rws_jobs as rws
+from django_rws_jobs.models import Job
+from django_rws_jobs.runner import backoff_delay, record
+from django_rws_jobs.signals import job_dead
+from django_rws_jobs.store import Store
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def drain():
+    n = 0
+    while rws.tick():
+        n += 1
+    return n
+
+
+def test_order_is_priority_then_due_time_then_fifo(runs):
+    now = int(time.time())
+    rws.enqueue("test.record", "low", priority=-1)
+    for i in range(30):  # many jobs in the same second keep their insertion order
+        rws.enqueue("test.record", f"fifo-{i}")
+    rws.enqueue("test.record", "high", priority=10)
+    older = rws.enqueue("test.record", "older-due")
+    Job.objects.filter(id=older).update(next_run_at=now - 100)
+    assert drain() == 33
+    assert [p for _, p in runs()] == ["high", "older-due", *[f"fifo-{i}" for i in range(30)], "low"]
+
+
+def test_jobs_not_yet_due_are_left(runs):
+    rws.enqueue("test.record", "later", run_in=3600)
+    assert rws.tick() is False
+    assert runs() == []
+
+
+def test_queues_filter(runs):
+    rws.enqueue("test.record", "a", queue="a")
+    rws.enqueue("test.record", "b", queue="b")
+    assert rws.tick(queues=["b"]) is True and rws.tick(queues=["b"]) is False
+    assert runs() == [("record", "b")]
+
+
+def test_handler_runs_outside_any_transaction(runs):
+    rws.enqueue("test.in_transaction", "x")
+    assert rws.tick()
+    assert runs() == [("autocommit", "x")]
+
+
+def test_failure_is_retried_after_its_backoff_not_at_once(runs):
+    job_id = rws.enqueue("test.fail", "1")
+    before = time.time()
+    assert rws.tick() is True
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.attempts) == ("pending", 1)
+    assert job.last_error == "ValueError: boom 1"
+    assert "Traceback" in job.traceback and "raise ValueError" in job.traceback
+    assert job.next_run_at >= before + 0.5  # initial backoff 0.5 s, rounded up
+    assert job.locked_by is None
+    # The seed floors 0.5 s to 0 and runs the retry at once; here it waits.
+    assert rws.tick() is False
+
+
+@override_settings(RWS_JOBS={"BACKOFF_INITIAL": 2, "BACKOFF_MULTIPLIER": 3, "BACKOFF_MAX": 10})
+def test_backoff_grows_and_is_capped():
+    assert [backoff_delay(n) for n in (1, 2, 3, 4)] == [2, 6, 10, 10]
+    job_id = rws.enqueue("test.fail", "x", max_retries=5)
+    for attempt, delay in [(1, 2), (2, 6), (3, 10)]:
+        Job.objects.filter(id=job_id).update(next_run_at=0)
+        start = time.time()
+        assert rws.tick()
+        job = Job.objects.get(id=job_id)
+        assert job.attempts == attempt
+        assert start + delay <= job.next_run_at <= time.time() + delay + 1
+
+
+def test_exhausted_job_moves_to_dead_letters_and_signals_once():
+    seen = []
+
+    def receiver(sender, job, **kwargs):
+        seen.append((job.id, job.status, job.attempts, job.last_error))
+
+    job_dead.connect(receiver)
+    try:
+        job_id = rws.enqueue("test.fail", "d", max_retries=1, unique="dead-key")
+        assert rws.tick()
+        Job.objects.filter(id=job_id).update(next_run_at=0)
+        assert rws.tick()
+    finally:
+        job_dead.disconnect(receiver)
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.attempts, job.last_error) == ("failed", 2, "ValueError: boom d")
+    assert job.failed_at is not None and job.unique_hash is None
+    assert seen == [(job_id, "failed", 2, "ValueError: boom d")]
+    assert rws.tick() is False  # the dead job is not run again
+    assert rws.enqueue("test.fail", "d", unique="dead-key") != job_id  # and does not block its key
+
+
+def test_max_retries_zero_fails_on_first_error():
+    job_id = rws.enqueue("test.fail", "z", max_retries=0)
+    rws.tick()
+    assert Job.objects.get(id=job_id).status == "failed"
+
+
+def test_a_raising_dead_receiver_is_logged_not_fatal(caplog):
+    def bad(sender, job, **kwargs):
+        raise RuntimeError("receiver broke")
+
+    job_dead.connect(bad)
+    try:
+        job_id = rws.enqueue("test.fail", "r", max_retries=0)
+        with caplog.at_level(logging.ERROR, logger="django_rws_jobs"):
+            assert rws.tick() is True
+    finally:
+        job_dead.disconnect(bad)
+    assert Job.objects.get(id=job_id).status == "failed"
+    assert "job_dead receiver" in caplog.text and "receiver broke" in caplog.text
+
+
+def test_unregistered_job_type_fails_with_the_seed_message():
+    job_id = rws.enqueue("nobody.handles.this")
+    assert rws.tick()
+    job = Job.objects.get(id=job_id)
+    assert job.last_error == "no handler registered for job_type 'nobody.handles.this'"
+    assert (job.status, job.attempts) == ("pending", 1)
+
+
+def test_late_result_from_a_taken_over_claim_changes_nothing(caplog):
+    from django.db import connection
+
+    job_id = rws.enqueue("test.record", "late")
+    store = Store(connection)
+    now = int(time.time())
+    (mine,) = store.claim("worker-a#1", now, now + 60, None, 1)
+    # Our lease expired and another worker took the job over.
+    Job.objects.filter(id=job_id).update(locked_by="worker-b#7")
+    with caplog.at_level(logging.WARNING, logger="django_rws_jobs"):
+        assert record(store, mine, None, None) == "lost"
+        assert record(store, mine, "ValueError: x", None) == "lost"
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.locked_by, job.attempts) == ("running", "worker-b#7", 0)
+    assert "no longer holds it" in caplog.text
+
+
+def test_claim_sets_a_lease():
+    from django.db import connection
+
+    rws.enqueue("test.record")
+    now = int(time.time())
+    (job,) = Store(connection).claim("w#1", now, now + 60, None, 1)
+    row = Job.objects.get(id=job.id)
+    assert (row.status, row.locked_by, row.locked_until, row.started_at) == ("running", "w#1", now + 60, now)
+
+
+def test_a_claim_takes_jobs_in_order_up_to_its_limit():
+    from django.db import connection
+
+    for p in range(5):
+        rws.enqueue("test.record", str(p), priority=p)
+    now = int(time.time())
+    claimed = Store(connection).claim("w#1", now, now + 60, None, 3)
+    assert [j.payload for j in claimed] == ["4", "3", "2"]
+    assert Job.objects.filter(status="pending").count() == 2
