@@ -74,19 +74,7 @@ class Store:
         sets = "status = 'running', locked_by = %s, locked_until = %s, started_at = %s"
         set_params = [token, lease_until, now]
         if self.vendor == "mysql":
-            # No UPDATE ... RETURNING: lock the rows (skipping those another worker holds), then
-            # mark them, in one short transaction.
-            select, params = due_select(CLAIM_COLUMNS, queues, now, limit)
-            with atomic(self.conn), self.conn.cursor() as c:
-                c.execute(select + " FOR UPDATE SKIP LOCKED", params)
-                rows = c.fetchall()
-                if not rows:
-                    return []
-                ids = [r[0] for r in rows]
-                c.execute(
-                    f"UPDATE rws_jobs SET {sets} WHERE id IN ({', '.join(['%s'] * len(ids))})",
-                    [*set_params, *ids],
-                )
+            rows = self._claim_mysql(sets, set_params, queues, now, limit)
         else:
             select, params = due_select("id", queues, now, limit)
             lock = " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
@@ -99,6 +87,37 @@ class Store:
             # RETURNING does not keep the subquery's order.
             rows.sort(key=lambda r: (-r[4], r[7], r[8], r[0]))
         return [Claimed(*row, token=token) for row in rows]
+
+    def _claim_mysql(self, sets: str, set_params: list[Any], queues: Sequence[str] | None,
+                     now: int, limit: int) -> list[tuple]:
+        """InnoDB locks every row a sorted FOR UPDATE reads before its LIMIT applies, so one claimer
+        would lock all due rows and the others would skip them all. Instead: read the first due
+        ids without locking, then lock them one by one (SKIP LOCKED) until ``limit`` are ours;
+        a row another worker holds is passed over at once."""
+        select, params = due_select("id", queues, now, limit + 8)
+        lock_one = f"SELECT {CLAIM_COLUMNS} FROM rws_jobs WHERE id = %s AND status = 'pending' FOR UPDATE SKIP LOCKED"
+        for _ in range(5):
+            with atomic(self.conn), self.conn.cursor() as c:
+                c.execute(select, params)
+                candidates = [r[0] for r in c.fetchall()]
+                if not candidates:
+                    return []
+                rows: list[tuple] = []
+                for job_id in candidates:
+                    c.execute(lock_one, [job_id])
+                    row = c.fetchone()
+                    if row is not None:
+                        rows.append(row)
+                        if len(rows) == limit:
+                            break
+                if rows:
+                    c.execute(
+                        f"UPDATE rws_jobs SET {sets} WHERE id IN ({', '.join(['%s'] * len(rows))})",
+                        [*set_params, *(r[0] for r in rows)],
+                    )
+                    return rows
+            # Every candidate went to other workers meanwhile: look again at once.
+        return []
 
     # -- outcomes (each fenced on the claim's token) ---------------------------------------------
 

@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -172,11 +173,19 @@ class Worker:
     def _run_one(self, job: Claimed, db: DatabaseRetry) -> None:
         with self.running_lock:
             self.running[job.token] = job
+        fatal: BaseException | None = None
         try:
-            error, tb = execute(job)
+            try:
+                error, tb = execute(job)
+            except BaseException as exc:
+                # SystemExit and the like: record the failure, then let this thread die (the
+                # supervisor replaces it).
+                fatal, error, tb = exc, f"{type(exc).__name__}: {exc}", traceback.format_exc()
             # Keep trying to record the outcome while the lease may still be ours.
             deadline = time.monotonic() + float(jobs_settings.LEASE_SECONDS)
             outcome = db(lambda s: record(s, job, error, tb), until=deadline, what=f"recording job {job.id}")
+            if fatal is not None:
+                raise fatal
         finally:
             with self.running_lock:
                 self.running.pop(job.token, None)

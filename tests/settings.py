@@ -1,5 +1,6 @@
 """Test settings: RWS_TEST_DB=sqlite|postgres|mysql picks the database (default sqlite)."""
 
+import json
 import os
 from pathlib import Path
 
@@ -90,6 +91,8 @@ RWS_JOBS = {
     "POLL_INTERVAL": 0.1,
     "LEASE_SECONDS": int(os.environ.get("RWS_TEST_LEASE", "60")),
 }
+# Worker processes started by the tests get their settings from the test (JSON).
+RWS_JOBS.update(json.loads(os.environ.get("RWS_TEST_JOBS", "{}")))
 
 LOGGING = {
     "version": 1,

@@ -50,3 +50,9 @@ def in_transaction(payload: str) -> None:
     from django.db import connection
 
     _trace("atomic" if connection.in_atomic_block else "autocommit", payload)
+
+
+@job("test.system_exit")
+def system_exit(payload: str) -> None:
+    _trace("system_exit", payload)
+    raise SystemExit(3)

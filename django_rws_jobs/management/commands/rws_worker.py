@@ -38,7 +38,7 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from django_rws_jobs.worker import Worker
+        from django_rws_jobs.worker import Worker, worker_id
 
         self._configure_logging(options["verbosity"])
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()] or None
@@ -55,7 +55,7 @@ class Command(BaseCommand):
         worker.install_signal_handlers()
         logging.getLogger("django_rws_jobs").info(
             "worker %s starting: %d thread(s), queues %s, database %r, lease %ss%s%s",
-            __import__("django_rws_jobs.worker", fromlist=["worker_id"]).worker_id(), worker.threads,
+            worker_id(), worker.threads,
             ",".join(queues) if queues else "(all)", alias, jobs_settings.LEASE_SECONDS,
             ", burst" if worker.burst else "", ", schedules on" if worker.run_schedules else "",
         )

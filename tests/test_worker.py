@@ -1,0 +1,227 @@
+"""rws_worker as real processes: draining, leases, crash recovery, signals."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import django_rws_jobs as rws
+from django_rws_jobs.models import Job
+from tests.conftest import ROOT, subprocess_env
+from tests.testapp.models import Run
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+class WorkerProcess:
+    def __init__(self, tmp_path: Path, *args: str, jobs: dict | None = None, name: str = "worker"):
+        self.log = tmp_path / f"{name}-{time.monotonic_ns()}.log"
+        env = subprocess_env(RWS_TEST_JOBS=json.dumps(jobs or {}))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "rws_worker", *args], cwd=ROOT, env=env,
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+        )
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"worker did not exit within {timeout}s:\n{self.output()}")
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def workers(tmp_path):
+    started: list[WorkerProcess] = []
+
+    def start(*args, **kwargs) -> WorkerProcess:
+        w = WorkerProcess(tmp_path, *args, **kwargs)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+def wait_for(predicate, timeout=30.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def run_counts(kind="record"):
+    return Counter(Run.objects.filter(kind=kind).values_list("payload", flat=True))
+
+
+def test_three_processes_drain_300_jobs_each_once(workers):
+    for i in range(300):
+        rws.enqueue("test.record", str(i))
+    procs = [workers("--workers", "4", "--burst") for _ in range(3)]
+    for w in procs:
+        assert w.wait(120) == 0, w.output()
+    counts = run_counts()
+    assert sorted(counts) == sorted(str(i) for i in range(300))
+    assert set(counts.values()) == {1}
+    assert Job.objects.count() == 0
+    for w in procs:
+        assert "locked" not in w.output().lower(), w.output()
+        assert "Traceback" not in w.output(), w.output()
+
+
+def test_queues_option_limits_the_worker(workers):
+    rws.enqueue("test.record", "a", queue="a")
+    rws.enqueue("test.record", "b", queue="b")
+    rws.enqueue("test.record", "c", queue="c")
+    assert workers("--queues", "a,c", "--burst").wait() == 0
+    assert sorted(run_counts()) == ["a", "c"]
+    assert list(Job.objects.values_list("queue", flat=True)) == ["b"]
+
+
+def test_max_jobs_stops_the_worker(workers):
+    for i in range(5):
+        rws.enqueue("test.record", str(i))
+    assert workers("--max-jobs", "2").wait() == 0
+    assert len(run_counts()) == 2 and Job.objects.count() == 3
+
+
+def test_a_second_worker_leaves_a_live_lease_alone(workers):
+    job_id = rws.enqueue("test.sleep", "3")
+    first = workers("--workers", "1")
+    wait_for(lambda: Run.objects.filter(kind="start").exists(), what="the job to start")
+    second = workers("--workers", "2", "--burst")
+    assert second.wait() == 0, second.output()
+    assert Job.objects.get(id=job_id).status == "running"
+    wait_for(lambda: not Job.objects.filter(id=job_id).exists(), what="the first worker to finish")
+    assert run_counts("start") == {"3": 1} and run_counts("end") == {"3": 1}
+    first.signal(signal.SIGTERM)
+    assert first.wait() == 0
+
+
+def test_kill_9_loses_nothing_and_reruns_at_most_the_jobs_in_flight(workers):
+    n = 24
+    for i in range(n):
+        rws.enqueue("test.sleep", "0.4" if i % 2 else "0.2")
+    fast = {"LEASE_SECONDS": 2, "RECOVERY_INTERVAL": 0.5}
+    victim = workers("--workers", "4", jobs=fast)
+    wait_for(lambda: Run.objects.filter(kind="end").count() >= 4, what="some jobs to finish")
+    victim.proc.send_signal(signal.SIGKILL)
+    victim.proc.wait()
+    in_flight = Job.objects.filter(status="running").count()
+    assert 1 <= in_flight <= 4
+    rescuer = workers("--workers", "4", jobs=fast)
+    wait_for(lambda: Job.objects.count() == 0, timeout=60, what="every job to finish")
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.wait() == 0
+    starts = Run.objects.filter(kind="start").count()
+    ends = Run.objects.filter(kind="end").count()
+    assert ends >= n  # every job finished at least once
+    assert starts - n <= in_flight  # re-runs are bounded by the jobs that were in flight
+    assert "recovered: worker lost" in rescuer.output()
+
+
+def test_a_job_that_kills_its_worker_ends_dead_after_its_retries(workers):
+    job_id = rws.enqueue("test.exit", "x", max_retries=1)
+    fast = {"LEASE_SECONDS": 2, "BACKOFF_INITIAL": 0.1}
+    outputs = []
+    for _ in range(12):
+        w = workers("--burst", jobs=fast)
+        w.wait()
+        outputs.append(w.output())
+        if Job.objects.get(id=job_id).status == "failed":
+            break
+        time.sleep(1.0)
+    job = Job.objects.get(id=job_id)
+    assert job.status == "failed", "\n".join(outputs)
+    assert job.attempts == 2 and "worker lost" in job.last_error
+    assert Run.objects.filter(kind="exit").count() == 2  # the first run and its one retry
+    assert any("moved to the dead-letter list" in o for o in outputs)
+
+
+def test_sigterm_lets_the_running_job_finish_and_exits_0(workers):
+    job_id = rws.enqueue("test.sleep", "1.5")
+    w = workers("--workers", "2")
+    wait_for(lambda: Run.objects.filter(kind="start").exists(), what="the job to start")
+    t0 = time.monotonic()
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+    assert time.monotonic() - t0 < 10
+    assert run_counts("end") == {"1.5": 1}
+    assert not Job.objects.filter(id=job_id).exists()
+    assert "worker stopped: 1 done" in w.output()
+
+
+def test_sigterm_hands_back_what_does_not_finish_in_time(workers):
+    job_id = rws.enqueue("test.sleep", "20")
+    w = workers("--workers", "1", jobs={"SHUTDOWN_TIMEOUT": 1})
+    wait_for(lambda: Run.objects.filter(kind="start").exists(), what="the job to start")
+    t0 = time.monotonic()
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+    assert time.monotonic() - t0 < 8
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.attempts, job.locked_by) == ("pending", 0, None)
+    assert "handed back unrun" in w.output()
+
+
+def test_a_second_signal_exits_at_once(workers):
+    rws.enqueue("test.sleep", "20")
+    w = workers("--workers", "1")
+    wait_for(lambda: Run.objects.filter(kind="start").exists(), what="the job to start")
+    w.signal(signal.SIGINT)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    w.signal(signal.SIGINT)
+    assert w.wait(10) != 0
+    assert time.monotonic() - t0 < 5
+    assert Job.objects.get().status == "running"  # its lease will expire; recovery takes it
+
+
+def test_idle_worker_stops_at_once(workers):
+    w = workers("--workers", "3", jobs={"POLL_INTERVAL": 30})
+    time.sleep(2)
+    t0 = time.monotonic()
+    w.signal(signal.SIGTERM)
+    assert w.wait(10) == 0
+    assert time.monotonic() - t0 < 3
+
+
+def test_a_thread_killed_by_system_exit_is_replaced(workers):
+    rws.enqueue("test.system_exit", "boom", max_retries=0)
+    w = workers("--workers", "1")
+    wait_for(lambda: Job.objects.filter(status="failed").exists(), what="the job to fail")
+    rws.enqueue("test.record", "after")
+    wait_for(lambda: run_counts() == {"after": 1}, what="the replacement thread to run a job")
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0
+    assert "died" in w.output()
+    assert Job.objects.get().last_error == "SystemExit: 3"
+
+
+def test_bad_options_are_refused(workers):
+    w = workers("--workers", "0")
+    assert w.wait() != 0
+    assert "--workers" in w.output()
+    w = workers("--database", "nope")
+    assert w.wait() != 0
+    assert "database alias 'nope' is not in DATABASES" in w.output()
