@@ -56,3 +56,9 @@ def in_transaction(payload: str) -> None:
 def system_exit(payload: str) -> None:
     _trace("system_exit", payload)
     raise SystemExit(3)
+
+
+@job("test.slow_record")
+def slow_record(payload: str) -> None:
+    time.sleep(0.02)
+    _trace("record", payload)
