@@ -1,0 +1,10 @@
+"""The queue in Django's admin: jobs (read-only), the dead-letter list, schedules and a queue overview.
+
+Importing this package (Django's admin autodiscovery does) registers the pages on ``admin.site``.
+"""
+
+from .dead import FailedJobAdmin
+from .jobs import JobAdmin
+from .schedules import JobScheduleAdmin
+
+__all__ = ["FailedJobAdmin", "JobAdmin", "JobScheduleAdmin"]

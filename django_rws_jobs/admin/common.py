@@ -1,0 +1,74 @@
+"""What the queue's admin pages share: the queue's database, readable time cells, short text cells."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+
+from .. import humanize
+from ..db import queue_alias
+from ..models import FailedJob, Job, JobSchedule
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def time_cell(ts: int | None, at: int | None = None) -> SafeString | str:
+    """ "in 3 min" / "2 h ago", with the exact UTC time on hover."""
+    if ts is None:
+        return "-"
+    return format_html('<span title="{}">{}</span>', humanize.absolute(ts), humanize.relative(ts, at or now()))
+
+
+def short_text(text: str | None, limit: int = 80) -> SafeString | str:
+    """The first line of ``text``, cut at ``limit`` characters, with all of it on hover."""
+    if not text:
+        return "-"
+    first = text.strip().splitlines()[0] if text.strip() else text
+    return format_html('<span title="{}">{}</span>', text, Truncator(first).chars(limit))
+
+
+def pre(text: str | None) -> SafeString | str:
+    """Multi-line text (payload, traceback) as written, escaped."""
+    if text is None:
+        return "-"
+    if text == "":
+        return format_html("<em>{}</em>", "(empty)")
+    return format_html('<pre class="rws-pre">{}</pre>', text)
+
+
+class QueueDatabaseAdmin(admin.ModelAdmin):
+    """Reads and writes through RWS_JOBS['DATABASE'], like the queue itself.
+
+    Without this a project whose queue lives on another alias (and has no router for it) would
+    see the default database's empty tables.
+    """
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(queue_alias())
+
+
+def links(request: HttpRequest, model_admin: admin.ModelAdmin) -> dict[str, str | None]:
+    """URLs of the queue's other admin pages that this user may see (None for the others)."""
+    site = model_admin.admin_site
+
+    def url(name: str, model: type[Any]) -> str | None:
+        if not site.is_registered(model) or not site.get_model_admin(model).has_view_permission(request):
+            return None
+        return reverse(f"admin:django_rws_jobs_{name}", current_app=site.name)
+
+    return {
+        "overview_url": url("job_overview", Job),
+        "jobs_url": url("job_changelist", Job),
+        "dead_letter_url": url("failedjob_changelist", FailedJob),
+        "schedules_url": url("jobschedule_changelist", JobSchedule),
+    }

@@ -1,0 +1,164 @@
+"""All jobs, read-only: the queue as it is, with the queue overview page beside it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext_lazy as _
+
+from .. import humanize
+from ..models import Job, Status
+from . import overview
+from .common import QueueDatabaseAdmin, links, now, pre, short_text, time_cell
+
+
+class DueFilter(admin.SimpleListFilter):
+    """What the status column cannot say alone: whether a pending job is due, a running one stuck."""
+
+    title = _("due")
+    parameter_name = "due"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [
+            ("now", _("pending, due now")),
+            ("later", _("pending, due later")),
+            ("lease_expired", _("running, lease expired")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
+        t = now()
+        if self.value() == "now":
+            return queryset.due(t)
+        if self.value() == "later":
+            return queryset.filter(status=Status.PENDING, next_run_at__gt=t)
+        if self.value() == "lease_expired":
+            return queryset.lease_expired(t)
+        return None
+
+
+def _time_detail(ts: int | None) -> SafeString | str:
+    if ts is None:
+        return "-"
+    return format_html('{} <span class="quiet">({}; unix {})</span>',
+                       humanize.relative(ts, now()), humanize.absolute(ts), ts)
+
+
+class JobDisplay:
+    """Columns and detail fields shared by the jobs list and the dead-letter list."""
+
+    @admin.display(description=_("due"), ordering="next_run_at")
+    def due(self, obj: Job) -> SafeString | str:
+        return time_cell(obj.next_run_at)
+
+    @admin.display(description=_("created"), ordering="created_at")
+    def created(self, obj: Job) -> SafeString | str:
+        return time_cell(obj.created_at)
+
+    @admin.display(description=_("failed"), ordering="failed_at")
+    def failed(self, obj: Job) -> SafeString | str:
+        return time_cell(obj.failed_at)
+
+    @admin.display(description=_("error"), ordering="last_error")
+    def error(self, obj: Job) -> SafeString | str:
+        return short_text(obj.last_error)
+
+    @admin.display(description=_("failed runs"), ordering="attempts")
+    def runs(self, obj: Job) -> str:
+        # max_retries counts retries; a job runs at most max_retries + 1 times.
+        return f"{obj.attempts} of {obj.max_retries + 1}"
+
+    @admin.display(description=_("due"))
+    def due_detail(self, obj: Job) -> SafeString | str:
+        return _time_detail(obj.next_run_at)
+
+    @admin.display(description=_("created"))
+    def created_detail(self, obj: Job) -> SafeString | str:
+        return _time_detail(obj.created_at)
+
+    @admin.display(description=_("last claimed"))
+    def started_detail(self, obj: Job) -> SafeString | str:
+        return _time_detail(obj.started_at)
+
+    @admin.display(description=_("moved to the dead-letter list"))
+    def failed_detail(self, obj: Job) -> SafeString | str:
+        return _time_detail(obj.failed_at)
+
+    @admin.display(description=_("lease until"))
+    def lease_detail(self, obj: Job) -> SafeString | str:
+        return _time_detail(obj.locked_until)
+
+    @admin.display(description=_("payload"))
+    def payload_detail(self, obj: Job) -> SafeString | str:
+        return pre(obj.payload)
+
+    @admin.display(description=_("last error"))
+    def error_detail(self, obj: Job) -> SafeString | str:
+        return pre(obj.last_error)
+
+    @admin.display(description=_("traceback"))
+    def traceback_detail(self, obj: Job) -> SafeString | str:
+        return pre(obj.traceback)
+
+    fieldsets = (
+        (None, {"fields": ("id", "job_type", "status", "queue", "priority", "unique_key", "runs")}),
+        (_("Times"), {"fields": ("due_detail", "created_detail", "started_detail", "failed_detail")}),
+        (_("Payload"), {"fields": ("payload_detail",)}),
+        (_("Error"), {"fields": ("error_detail", "traceback_detail")}),
+        (_("Claim"), {"fields": ("locked_by", "lease_detail"), "classes": ("collapse",)}),
+    )
+    readonly_fields = tuple(f for _title, opts in fieldsets for f in opts["fields"])
+    search_fields = ("id", "job_type", "unique_key")
+    # Counting the whole table a second time for "N results (M total)" is slow on big queues.
+    show_full_result_count = False
+    list_per_page = 50
+
+
+@admin.register(Job)
+class JobAdmin(JobDisplay, QueueDatabaseAdmin):
+    """Every job, view only: jobs change through the queue's API, the worker and the dead-letter list."""
+
+    list_display = ("id", "job_type", "status", "queue", "priority", "runs", "due", "created", "error")
+    list_filter = ("status", DueFilter, "queue", "job_type")
+    ordering = ("-created_at", "-id")
+    actions = None
+    change_list_template = "django_rws_jobs/admin/job_change_list.html"
+    change_form_template = "django_rws_jobs/admin/job_change_form.html"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        info = self.opts.app_label, self.opts.model_name
+        view = self.admin_site.admin_view(self.overview_view)
+        # Before the default URLs, whose "<path:object_id>/" would take "overview/" for a job id.
+        return [path("overview/", view, name="{}_{}_overview".format(*info)), *super().get_urls()]
+
+    def overview_view(self, request: HttpRequest) -> TemplateResponse:
+        """Per queue: pending, due now, running, failed, and how long the oldest due job has waited."""
+        return overview.render(request, self)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        return super().changelist_view(request, {**links(request, self), **(extra_context or {})})
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> Any:
+        context = links(request, self)
+        obj = self.get_object(request, object_id)
+        if obj is not None and obj.status == Status.FAILED and context["dead_letter_url"]:
+            context["dead_job_url"] = reverse("admin:django_rws_jobs_failedjob_change", args=[obj.pk],
+                                              current_app=self.admin_site.name)
+        return super().change_view(request, object_id, form_url, {**context, **(extra_context or {})})
+

@@ -1,0 +1,538 @@
+"""The admin, through Django's test client: pages, filters, search, actions, permissions, escaping."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.auth.models import Permission
+from django.contrib.messages import get_messages
+from django.test import Client
+from django.urls import reverse
+
+import django_rws_jobs as rws
+from django_rws_jobs.humanize import absolute, describe_cron, duration, relative
+from django_rws_jobs.models import Job, JobSchedule
+
+pytestmark = pytest.mark.django_db
+
+XSS = "<script>alert(1)</script>"
+XSS_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
+
+JOBS = reverse("admin:django_rws_jobs_job_changelist")
+DEAD = reverse("admin:django_rws_jobs_failedjob_changelist")
+SCHEDULES = reverse("admin:django_rws_jobs_jobschedule_changelist")
+OVERVIEW = reverse("admin:django_rws_jobs_job_overview")
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def make_job(job_id: str, *, status: str = "pending", job_type: str = "test.record", payload: str = "p",
+             queue: str = "default", due: int | None = None, created: int | None = None,
+             failed_at: int | None = None, unique_key: str | None = None, error: str | None = None,
+             locked_until: int | None = None, **extra: object) -> Job:
+    t = now()
+    if status == "failed":
+        error = error if error is not None else f"ValueError: boom {job_id}"
+        extra.setdefault("traceback", f"Traceback (most recent call last):\n  ...\nValueError: boom {job_id}")
+        extra.setdefault("attempts", 4)
+        failed_at = t - 60 if failed_at is None else failed_at
+    return Job.objects.create(
+        id=job_id, job_type=job_type, payload=payload, status=status, queue=queue,
+        next_run_at=t if due is None else due, created_at=t - 10 if created is None else created,
+        failed_at=failed_at, unique_key=unique_key, last_error=error, locked_until=locked_until, **extra,
+    )
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+def result_ids(response) -> list[str]:
+    return [obj.pk for obj in response.context["cl"].result_list]
+
+
+def staff(django_user_model, username: str, *codenames: str) -> Client:
+    user = django_user_model.objects.create_user(username, password="pw", is_staff=True)
+    perms = Permission.objects.filter(content_type__app_label="django_rws_jobs", codename__in=codenames)
+    assert perms.count() == len(codenames), f"missing permissions among {codenames}"
+    user.user_permissions.set(perms)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+VIEW_ALL = ("view_job", "view_failedjob", "view_jobschedule")
+
+
+@pytest.fixture
+def viewer(django_user_model) -> Client:
+    return staff(django_user_model, "viewer", *VIEW_ALL)
+
+
+@pytest.fixture
+def nobody(django_user_model) -> Client:
+    return staff(django_user_model, "nobody")
+
+
+def retry_post(client: Client, *ids: str, **extra: str):
+    return client.post(DEAD, {"action": "retry_selected", "index": "0", "_selected_action": list(ids), **extra})
+
+
+def delete_post(client: Client, *ids: str, confirm: bool = False, **extra: str):
+    data = {"action": "delete_selected", "_selected_action": list(ids), **extra}
+    if confirm:
+        data["post"] = "yes"
+    else:
+        data["index"] = "0"
+    return client.post(DEAD, data)
+
+
+# ---- words -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("seconds", "words"), [
+    (0, "0 s"), (45, "45 s"), (90, "2 min"), (179, "3 min"), (3599, "1 h"), (5400, "1 h 30 min"),
+    (7199, "2 h"), (13 * 3600 + 100, "13 h"), (86399, "1 d"), (90000, "1 d 1 h"), (40 * 86400, "40 d"),
+    (3 * 366 * 86400, "3 y"),
+])
+def test_duration_rounds_to_what_a_reader_needs(seconds, words):
+    assert duration(seconds) == words
+
+
+def test_relative_and_absolute_times():
+    assert relative(1000 + 180, 1000) == "in 3 min"
+    assert relative(1000 - 7200, 1000) == "2 h ago"
+    assert relative(1000, 1000) == "now"
+    assert relative(None, 1000) == "-"
+    assert absolute(86400 + 3 * 3600) == "1970-01-02 03:00:00 UTC"
+    assert absolute(2**62) == f"{2**62} (unix seconds)"  # no calendar holds it; the page still renders
+
+
+@pytest.mark.parametrize(("expr", "words"), [
+    ("*/15 * * * * *", "every 15 seconds"),
+    ("* * * * * *", "every second"),
+    ("0 * * * * *", "every minute"),
+    ("0 */5 * * * *", "every 5 minutes"),
+    ("0 0 * * * *", "every hour, on the hour"),
+    ("0 30 * * * *", "every hour at minute 30"),
+    ("0 0,30 * * * *", "every hour at minutes 0 and 30"),
+    ("0 0 */6 * * *", "every 6 hours"),
+    ("0 0 3 * * *", "at 03:00:00 UTC every day"),
+    ("0 0 9,17 * * *", "at 09:00:00 and 17:00:00 UTC every day"),
+    ("0 0 3 * * 1-5", "at 03:00:00 UTC on Monday to Friday"),
+    ("0 0 3 * * mon,fri", "at 03:00:00 UTC on Monday and Friday"),
+    ("0 0 3 1 * *", "at 03:00:00 UTC on day 1 of every month"),
+    ("0 0 3 1 1 *", "at 03:00:00 UTC on 1 January"),
+    ("0 0 0 13 * 5", "at 00:00:00 UTC on day 13 of every month, if it is a Friday"),
+    ("0 */15 9-17 * * 1-5", "every 15 minutes, from 09:00 to 17:59 UTC, on Monday to Friday"),
+    ("*/5 * * * *", "every 5 minutes"),  # five fields: classic cron, second 0
+    ("@daily", "at 00:00:00 UTC every day"),
+    ("@hourly", "every hour, on the hour"),
+    ("@Weekly", "at 00:00:00 UTC on Sunday"),
+    # No short wording: shown as written.
+    ("1-10/2 * * * * *", "1-10/2 * * * * *"),
+    ("0 0 1,2,3,4,5 * * *", "0 0 1,2,3,4,5 * * *"),
+    ("not cron", "not cron"),
+])
+def test_describe_cron(expr, words):
+    assert describe_cron(expr) == words
+
+
+# ---- jobs ---------------------------------------------------------------------------------
+
+
+def test_anonymous_and_non_staff_users_are_sent_to_the_login_page(client, django_user_model):
+    for url in (JOBS, DEAD, SCHEDULES, OVERVIEW):
+        response = client.get(url)
+        assert response.status_code == 302 and "/login/" in response["Location"]
+    user = django_user_model.objects.create_user("customer", password="pw")
+    client.force_login(user)
+    assert client.get(DEAD).status_code == 302
+
+
+def test_staff_without_permissions_gets_403_everywhere(nobody):
+    make_job("d1", status="failed")
+    for url in (JOBS, DEAD, SCHEDULES, OVERVIEW, reverse("admin:django_rws_jobs_job_change", args=["d1"])):
+        assert nobody.get(url).status_code == 403, url
+    assert retry_post(nobody, "d1").status_code == 403
+    assert Job.objects.get(id="d1").status == "failed"
+
+
+def test_jobs_list_filters_and_search(admin_client):
+    t = now()
+    make_job("p-due", due=t - 30, unique_key="receipt:1")
+    make_job("p-later", due=t + 600, queue="mailers", job_type="test.mailer")
+    make_job("r-ok", status="running", locked_until=t + 60)
+    make_job("r-stuck", status="running", locked_until=t - 5)
+    make_job("f-1", status="failed", queue="mailers")
+
+    response = admin_client.get(JOBS)
+    assert response.status_code == 200
+    assert set(result_ids(response)) == {"p-due", "p-later", "r-ok", "r-stuck", "f-1"}
+    cases = {
+        "status__exact=failed": {"f-1"},
+        "status__exact=running": {"r-ok", "r-stuck"},
+        "queue=mailers": {"p-later", "f-1"},
+        "job_type=test.mailer": {"p-later"},
+        "due=now": {"p-due"},
+        "due=later": {"p-later"},
+        "due=lease_expired": {"r-stuck"},
+        "q=receipt:1": {"p-due"},
+        "q=r-stuck": {"r-stuck"},
+        "q=test.mailer": {"p-later"},
+        "queue=mailers&status__exact=pending": {"p-later"},
+    }
+    for query, expected in cases.items():
+        response = admin_client.get(f"{JOBS}?{query}")
+        assert response.status_code == 200, query
+        assert set(result_ids(response)) == expected, query
+    # The filter sidebar offers the queues and job types that exist.
+    page = admin_client.get(JOBS).content.decode()
+    assert "?queue=mailers" in page and "?job_type=test.mailer" in page
+
+
+def test_jobs_list_shows_readable_times_and_the_error(admin_client):
+    t = now()
+    make_job("soon", due=t + 180, created=t - 7200)
+    make_job("dead", status="failed", error="ConnectionError: gateway down\nsecond line")
+    page = admin_client.get(JOBS).content.decode()
+    assert "in 3 min" in page and "2 h ago" in page
+    assert absolute(t + 180) in page  # the exact time on hover
+    assert "ConnectionError: gateway down" in page
+
+
+def test_jobs_list_columns_sort(admin_client):
+    t = now()
+    make_job("a", due=t + 300, created=t - 1)
+    make_job("b", due=t + 100, created=t - 3)
+    make_job("c", due=t + 200, created=t - 2)
+    cl = admin_client.get(JOBS).context["cl"]
+    assert result_ids(admin_client.get(JOBS)) == ["a", "c", "b"]  # newest first by default
+    due = list(cl.list_display).index("due")
+    assert result_ids(admin_client.get(f"{JOBS}?o={due}")) == ["b", "c", "a"]
+    assert result_ids(admin_client.get(f"{JOBS}?o=-{due}")) == ["a", "c", "b"]
+
+
+@pytest.mark.django_db(transaction=True)  # tick() closes connections, as around a request
+def test_job_detail_is_read_only_with_payload_and_traceback(admin_client):
+    rws.enqueue("test.fail", "order 7", max_retries=0)
+    assert rws.tick() is True  # a real failure: the worker's code path writes error and traceback
+    job = Job.objects.get()
+    assert job.status == "failed"
+    response = admin_client.get(reverse("admin:django_rws_jobs_job_change", args=[job.pk]))
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "order 7" in page
+    assert "ValueError: boom order 7" in page
+    assert "Traceback (most recent call last)" in page and "tests/testapp/jobs.py" in page
+    assert 'name="_save"' not in page and 'name="payload"' not in page  # nothing to edit
+    # A dead job's page points to the dead-letter list, where it can be retried.
+    assert reverse("admin:django_rws_jobs_failedjob_change", args=[job.pk]) in page
+
+
+def test_jobs_cannot_be_added_changed_or_deleted(admin_client):
+    make_job("j1")
+    change = reverse("admin:django_rws_jobs_job_change", args=["j1"])
+    assert admin_client.get(reverse("admin:django_rws_jobs_job_add")).status_code == 403
+    admin_client.post(change, {"payload": "changed", "status": "failed"})
+    assert Job.objects.get(id="j1").payload == "p"
+    assert admin_client.post(reverse("admin:django_rws_jobs_job_delete", args=["j1"]), {"post": "yes"}).status_code == 403
+    assert Job.objects.filter(id="j1").exists()
+    assert 'name="action"' not in admin_client.get(JOBS).content.decode()  # no bulk actions at all
+
+
+def test_user_supplied_text_is_escaped_everywhere(admin_client):
+    make_job("x1", status="failed", job_type=XSS, payload=XSS, error=XSS, queue="<b>q</b>", unique_key=XSS,
+             traceback=XSS)
+    pages = [
+        admin_client.get(JOBS), admin_client.get(DEAD), admin_client.get(OVERVIEW),
+        admin_client.get(reverse("admin:django_rws_jobs_job_change", args=["x1"])),
+        admin_client.get(reverse("admin:django_rws_jobs_failedjob_change", args=["x1"])),
+        delete_post(admin_client, "x1"),  # the confirmation page lists the job
+    ]
+    for response in pages:
+        page = response.content.decode()
+        assert response.status_code == 200, response.request["PATH_INFO"]
+        assert XSS not in page and "<b>q</b>" not in page, response.request["PATH_INFO"]
+        assert XSS_ESCAPED in page or "&lt;b&gt;q&lt;/b&gt;" in page, response.request["PATH_INFO"]
+
+
+# ---- dead-letter list ---------------------------------------------------------------------
+
+
+def test_dead_letter_list_holds_failed_jobs_newest_failure_first(admin_client):
+    t = now()
+    make_job("old", status="failed", failed_at=t - 3000)
+    make_job("new", status="failed", failed_at=t - 10)
+    make_job("mid", status="failed", failed_at=t - 600)
+    make_job("seed", status="failed", failed_at=None)
+    Job.objects.filter(id="seed").update(failed_at=None)  # a row the Rust crate failed: no failed_at
+    make_job("alive", status="pending")
+    response = admin_client.get(DEAD)
+    assert result_ids(response) == ["new", "mid", "old", "seed"]
+    page = response.content.decode()
+    assert "10 s ago" in page and "50 min ago" in page
+    assert "Retry selected dead jobs" in page and "Delete selected dead jobs" in page
+
+
+def test_retry_action_puts_jobs_back_and_says_so(admin_client, django_user_model):
+    make_job("d1", status="failed")
+    make_job("d2", status="failed")
+    make_job("d3", status="failed")
+    before = now()
+    response = retry_post(admin_client, "d1", "d2")
+    assert response.status_code == 302
+    assert messages_of(response) == ["Retried 2 dead jobs; they are due now."]
+    for job in Job.objects.filter(id__in=["d1", "d2"]):
+        assert (job.status, job.attempts, job.failed_at) == ("pending", 0, None)
+        assert before <= job.next_run_at <= now()
+    assert Job.objects.get(id="d3").status == "failed"
+    assert result_ids(admin_client.get(DEAD)) == ["d3"]
+    logged = LogEntry.objects.filter(action_flag=CHANGE, object_id__in=["d1", "d2"])
+    assert logged.count() == 2 and {e.user.username for e in logged} == {"admin"}
+
+
+@pytest.mark.django_db(transaction=True)  # tick() closes connections, as around a request
+def test_retried_job_runs_again(admin_client, runs):
+    make_job("d1", status="failed", job_type="test.record", payload="again")
+    retry_post(admin_client, "d1")
+    assert rws.tick() is True
+    assert runs() == [("record", "again")]
+
+
+def test_retry_skips_a_job_whose_unique_key_is_taken(admin_client):
+    make_job("d1", status="failed", unique_key="receipt:9")
+    make_job("d2", status="failed", unique_key="receipt:10")
+    holder = rws.enqueue("test.record", "x", unique="receipt:9")
+    response = retry_post(admin_client, "d1", "d2")
+    assert messages_of(response) == [
+        "Retried 1 dead job; it is due now.",
+        ("Skipped 1 job: a pending or running job of the same type holds its unique key, so retrying it "
+         "would run that work twice: d1."),
+    ]
+    assert Job.objects.get(id="d1").status == "failed"
+    assert Job.objects.get(id="d2").status == "pending"
+    assert Job.objects.get(id=holder).status == "pending"
+
+
+def test_retry_reports_jobs_that_left_the_list_meanwhile(admin_client):
+    make_job("d1", status="failed")
+    make_job("d2", status="failed")
+    make_job("d3", status="failed")
+    assert rws.retry("d2") is True  # another operator was faster
+    Job.objects.filter(id="d3").delete()
+    response = retry_post(admin_client, "d1", "d2", "d3")
+    assert messages_of(response) == [
+        "Retried 1 dead job; it is due now.",
+        "Skipped 1 job that left the dead-letter list (it was retried meanwhile and is pending): d2.",
+        "Skipped 1 job that left the dead-letter list (it no longer exists): d3.",
+    ]
+
+
+def test_retry_all_across_pages_is_one_action(admin_client):
+    for i in range(60):  # more than one page (50)
+        make_job(f"m{i:02d}", status="failed", queue="mailers")
+    make_job("other", status="failed", queue="default")
+    # "Select all 60" covers the filtered list; the filter travels in the URL, as the page sends it.
+    response = admin_client.post(f"{DEAD}?queue=mailers", {
+        "action": "retry_selected", "index": "0", "select_across": "1", "_selected_action": ["m00"]})
+    assert messages_of(response) == ["Retried 60 dead jobs; they are due now."]
+    assert Job.objects.filter(queue="mailers", status="pending").count() == 60
+    assert Job.objects.get(id="other").status == "failed"
+
+
+def test_delete_action_asks_first_then_deletes(admin_client):
+    make_job("d1", status="failed", job_type="shop.charge_card")
+    make_job("d2", status="failed")
+    make_job("d3", status="failed")
+    response = delete_post(admin_client, "d1", "d2")
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert "Are you sure you want to delete 2 dead jobs?" in page
+    assert "shop.charge_card" in page and 'name="csrfmiddlewaretoken"' in page
+    assert 'name="post" value="yes"' in page and 'value="delete_selected"' in page
+    assert Job.objects.filter(status="failed").count() == 3  # nothing deleted yet
+
+    response = delete_post(admin_client, "d1", "d2", confirm=True)
+    assert response.status_code == 302
+    assert messages_of(response) == ["Deleted 2 dead jobs."]
+    assert list(Job.objects.values_list("id", flat=True)) == ["d3"]
+    assert set(LogEntry.objects.filter(action_flag=DELETION).values_list("object_id", flat=True)) == {"d1", "d2"}
+
+
+def test_delete_keeps_a_job_retried_after_the_confirmation_page(admin_client):
+    make_job("d1", status="failed")
+    make_job("d2", status="failed")
+    assert delete_post(admin_client, "d1", "d2").status_code == 200
+    assert rws.retry("d2") is True
+    response = delete_post(admin_client, "d1", "d2", confirm=True)
+    assert messages_of(response) == [
+        "Deleted 1 dead job.",
+        "Skipped 1 job that left the dead-letter list (it was retried meanwhile and is pending): d2.",
+    ]
+    assert list(Job.objects.values_list("id", "status")) == [("d2", "pending")]
+
+
+def test_delete_all_across_pages_confirms_without_listing_every_id(admin_client):
+    t = now()
+    for i in range(60):
+        make_job(f"d{i:02d}", status="failed", failed_at=t - 100)
+    response = admin_client.post(DEAD, {"action": "delete_selected", "index": "0", "select_across": "1",
+                                        "_selected_action": ["d00"]})
+    page = response.content.decode()
+    assert "Are you sure you want to delete 60 dead jobs?" in page and "and 0 more" not in page
+    assert page.count('name="_selected_action"') == 1 and 'name="select_across" value="1"' in page
+    seen = int(page.split('name="rws_seen_until" value="')[1].split('"')[0])
+    make_job("later", status="failed", failed_at=seen + 5)  # failed after the page was shown
+    response = admin_client.post(DEAD, {"action": "delete_selected", "index": "0", "select_across": "1",
+                                        "_selected_action": ["d00"], "post": "yes", "rws_seen_until": str(seen)})
+    assert messages_of(response) == ["Deleted 60 dead jobs."]
+    assert list(Job.objects.values_list("id", flat=True)) == ["later"]
+
+
+def test_detail_page_retry_button(admin_client):
+    make_job("d1", status="failed")
+    detail = reverse("admin:django_rws_jobs_failedjob_change", args=["d1"])
+    retry_url = reverse("admin:django_rws_jobs_failedjob_retry", args=["d1"])
+    page = admin_client.get(detail).content.decode()
+    assert f'action="{retry_url}"' in page and "Retry now" in page
+    assert admin_client.get(retry_url).status_code == 405  # a GET changes nothing
+    assert Job.objects.get(id="d1").status == "failed"
+    response = admin_client.post(retry_url)
+    assert response.status_code == 302 and response["Location"] == DEAD
+    assert messages_of(response) == ["Retried 1 dead job; it is due now."]
+    assert Job.objects.get(id="d1").status == "pending"
+    assert "Retried 1 dead job" in admin_client.get(DEAD).content.decode()  # shown once, then gone
+    response = admin_client.post(retry_url)  # again: nothing left to retry, and it says why
+    assert messages_of(response) == [
+        "Skipped 1 job that left the dead-letter list (it was retried meanwhile and is pending): d1."]
+
+
+def test_single_dead_job_delete_page(admin_client):
+    make_job("d1", status="failed")
+    url = reverse("admin:django_rws_jobs_failedjob_delete", args=["d1"])
+    assert "Are you sure" in admin_client.get(url).content.decode()
+    admin_client.post(url, {"post": "yes"})
+    assert not Job.objects.filter(id="d1").exists()
+
+
+def test_view_only_staff_can_look_but_not_act(viewer):
+    make_job("d1", status="failed", payload="look")
+    for url in (JOBS, DEAD, SCHEDULES, OVERVIEW, reverse("admin:django_rws_jobs_failedjob_change", args=["d1"]),
+                reverse("admin:django_rws_jobs_job_change", args=["d1"])):
+        assert viewer.get(url).status_code == 200, url
+    assert 'name="action"' not in viewer.get(DEAD).content.decode()
+    assert "Retry now" not in viewer.get(reverse("admin:django_rws_jobs_failedjob_change", args=["d1"])).content.decode()
+    assert retry_post(viewer, "d1").status_code == 403
+    assert delete_post(viewer, "d1").status_code == 403
+    assert delete_post(viewer, "d1", confirm=True).status_code == 403
+    assert viewer.post(reverse("admin:django_rws_jobs_failedjob_retry", args=["d1"])).status_code == 403
+    assert viewer.post(reverse("admin:django_rws_jobs_failedjob_delete", args=["d1"]), {"post": "yes"}).status_code == 403
+    assert Job.objects.get(id="d1").status == "failed"
+
+
+def test_retry_permission_does_not_grant_delete(django_user_model):
+    operator = staff(django_user_model, "operator", "view_failedjob", "change_failedjob")
+    make_job("d1", status="failed")
+    make_job("d2", status="failed")
+    page = operator.get(DEAD).content.decode()
+    assert "Retry selected dead jobs" in page and "Delete selected dead jobs" not in page
+    assert delete_post(operator, "d2", confirm=True).status_code == 403
+    assert messages_of(retry_post(operator, "d1")) == ["Retried 1 dead job; it is due now."]
+    assert Job.objects.get(id="d2").status == "failed"
+
+
+def test_actions_need_the_csrf_token(django_user_model):
+    user = django_user_model.objects.create_superuser("root", password="pw")
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    make_job("d1", status="failed")
+    assert retry_post(client, "d1").status_code == 403
+    assert delete_post(client, "d1", confirm=True).status_code == 403
+    assert client.post(reverse("admin:django_rws_jobs_failedjob_retry", args=["d1"])).status_code == 403
+    assert Job.objects.get(id="d1").status == "failed"
+
+
+# ---- overview -----------------------------------------------------------------------------
+
+
+def test_overview_counts_per_queue(admin_client):
+    t = now()
+    make_job("a1", due=t - 300)  # due, waiting 5 min
+    make_job("a2", due=t - 20)
+    make_job("a3", due=t + 600)  # pending, not due
+    make_job("a4", status="running", locked_until=t + 60)
+    make_job("a5", status="running", locked_until=t - 60)  # its worker is gone
+    make_job("a6", status="failed")
+    make_job("m1", status="failed", queue="mailers")
+    response = admin_client.get(OVERVIEW)
+    assert response.status_code == 200
+    rows = {r["stats"].queue: r for r in response.context["rows"]}
+    d, m = rows["default"]["stats"], rows["mailers"]["stats"]
+    assert (d.pending, d.due, d.running, d.lease_expired, d.failed) == (3, 2, 2, 1, 1)
+    assert (m.pending, m.due, m.running, m.failed) == (0, 0, 0, 1)
+    assert rows["default"]["waited"] == "5 min" and rows["mailers"]["waited"] is None
+    page = response.content.decode()
+    assert 'class="seg rws-seg-due"' in page and 'class="seg rws-seg-failed"' in page  # the chart
+    assert f"{DEAD}?queue=mailers" in page and f"{JOBS}?queue=default&amp;due=now" in page
+    totals = response.context["totals"]
+    assert (totals.pending, totals.failed) == (3, 2)
+    # Its links lead to lists that hold what the numbers count.
+    assert set(result_ids(admin_client.get(f"{JOBS}?queue=default&due=now"))) == {"a1", "a2"}
+
+
+def test_overview_is_linked_from_the_queue_pages(admin_client):
+    for url in (JOBS, DEAD, SCHEDULES):
+        assert f'href="{OVERVIEW}"' in admin_client.get(url).content.decode(), url
+    page = admin_client.get(OVERVIEW).content.decode()
+    assert f'href="{DEAD}"' in page and "No jobs in any queue." in page
+
+
+# ---- schedules ----------------------------------------------------------------------------
+
+SCHEDULE_SETTINGS = {
+    "SCHEDULES": {
+        "nightly": {"cron": "0 0 3 * * *", "job_type": "test.noop"},
+        "pulse": {"cron": "*/15 * * * * *", "job_type": "test.record", "payload": "beat"},
+        "changed": {"cron": "0 0 * * * *", "job_type": "test.noop"},
+        "broken": {"cron": "61 * * * * *", "job_type": "test.noop"},
+    }
+}
+
+
+def test_schedules_list_says_what_each_does(admin_client, settings):
+    settings.RWS_JOBS = {**settings.RWS_JOBS, **SCHEDULE_SETTINGS}
+    t = now()
+    JobSchedule.objects.create(name="nightly", next_run_at=t + 7200, cron="0 0 3 * * *")
+    JobSchedule.objects.create(name="changed", next_run_at=t + 60, cron="0 0 4 * * *")
+    JobSchedule.objects.create(name="gone", next_run_at=t - 60, cron="0 0 5 * * *")
+    JobSchedule.objects.create(name="from-rust", next_run_at=t + 30)
+    response = admin_client.get(SCHEDULES)
+    assert response.status_code == 200
+    assert result_ids(response) == ["changed", "from-rust", "gone", "nightly"]
+    page = response.content.decode()
+    assert "at 03:00:00 UTC every day" in page and "in 2 h" in page
+    assert "not declared: the scheduler leaves this row alone" in page
+    assert "the changed expression takes effect at the next tick" in page
+    # Declared but not stored yet: listed above the table with its first due time.
+    unstored = page.split('id="rws-unstored-schedules"')[1].split("</div>")[0]
+    assert "pulse" in unstored and "every 15 seconds" in unstored and "nightly" not in unstored
+    invalid = page.split('id="rws-invalid-schedules"')[1].split("</div>")[0]
+    assert "broken" in invalid and "rws_jobs.E101" in invalid
+
+
+def test_schedule_rows_delete_only_when_undeclared(admin_client, settings):
+    settings.RWS_JOBS = {**settings.RWS_JOBS, **SCHEDULE_SETTINGS}
+    JobSchedule.objects.create(name="nightly", next_run_at=now() + 60, cron="0 0 3 * * *")
+    JobSchedule.objects.create(name="gone", next_run_at=now() + 60, cron="0 0 5 * * *")
+    detail = admin_client.get(reverse("admin:django_rws_jobs_jobschedule_change", args=["nightly"]))
+    assert detail.status_code == 200 and "at 03:00:00 UTC every day" in detail.content.decode()
+    assert admin_client.post(reverse("admin:django_rws_jobs_jobschedule_delete", args=["nightly"]),
+                             {"post": "yes"}).status_code == 403
+    admin_client.post(reverse("admin:django_rws_jobs_jobschedule_delete", args=["gone"]), {"post": "yes"})
+    assert list(JobSchedule.objects.values_list("name", flat=True)) == ["nightly"]
+    assert admin_client.get(reverse("admin:django_rws_jobs_jobschedule_add")).status_code == 403
