@@ -13,7 +13,7 @@ from .registry import job, register
 if TYPE_CHECKING:
     from .models import Job
 
-__all__ = ["job", "register", "enqueue", "jobs", "failed_jobs", "retry", "delete", "tick", "tick_schedules"]
+__all__ = ["job", "register", "enqueue", "enqueue_many", "jobs", "failed_jobs", "retry", "delete", "tick", "tick_schedules"]
 
 
 def enqueue(job_type: str, payload: str = "", **options: Any) -> str:
@@ -21,6 +21,13 @@ def enqueue(job_type: str, payload: str = "", **options: Any) -> str:
     from .api import enqueue as _enqueue
 
     return _enqueue(job_type, payload, **options)
+
+
+def enqueue_many(jobs: Any, **options: Any) -> list[str]:
+    """Store many jobs in one go (items: job_type, (job_type, payload) or a dict of enqueue's arguments)."""
+    from .api import enqueue_many as _enqueue_many
+
+    return _enqueue_many(jobs, **options)
 
 
 def jobs(status: str | None = None, limit: int = 100, **options: Any) -> list[Job]:

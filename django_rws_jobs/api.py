@@ -6,7 +6,7 @@ import datetime as dt
 import hashlib
 import math
 import time
-from typing import Any
+from typing import Any, Iterable
 
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
@@ -24,11 +24,12 @@ ID_MAX = 64
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-INSERT_SQL = (
+INSERT_HEAD = (
     "INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
-    "created_at, queue, priority, unique_key, unique_hash) "
-    "VALUES (%s, %s, %s, 'pending', 0, %s, %s, %s, %s, %s, %s, %s)"
+    "created_at, queue, priority, unique_key, unique_hash) VALUES "
 )
+INSERT_VALUES = "(%s, %s, %s, 'pending', 0, %s, %s, %s, %s, %s, %s, %s)"
+INSERT_SQL = INSERT_HEAD + INSERT_VALUES
 
 
 def _short(value: str, n: int = 40) -> str:
@@ -131,6 +132,40 @@ def enqueue(job_type: str, payload: str = "", *, queue: str | None = None, prior
             c.execute(INSERT_SQL, params)
         return params[0]
     return _insert_unique(alias, params)
+
+
+def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: int = 1000) -> list[str]:
+    """Store many jobs at once and return their ids, in order.
+
+    Each item is a job_type string, a ``(job_type, payload)`` pair, or a dict of ``enqueue``'s
+    arguments (``job_type``, ``payload``, ``queue``, ...). Every item is validated before anything
+    is written; the rows go in with multi-row inserts, in the caller's transaction. Unique items
+    keep ``enqueue``'s semantics (the id of the live job holding the key is returned).
+    """
+    rows: list[list[Any]] = []
+    for index, item in enumerate(jobs):
+        try:
+            if isinstance(item, str):
+                rows.append(prepare(item))
+            elif isinstance(item, dict):
+                rows.append(prepare(**item))
+            elif isinstance(item, (tuple, list)):
+                rows.append(prepare(*item))
+            else:
+                raise TypeError(f"a job must be a job_type, a (job_type, payload) pair or a dict, got {item!r:.60}")
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"job #{index}: {exc}") from None
+    alias = queue_alias(using)
+    conn = connections[alias]
+    plain = [r for r in rows if r[-1] is None]
+    with transaction.atomic(using=alias):
+        with conn.cursor() as c:
+            for start in range(0, len(plain), batch_size):
+                chunk = plain[start:start + batch_size]
+                values = ", ".join([INSERT_VALUES] * len(chunk))
+                c.execute(INSERT_HEAD + values, [v for row in chunk for v in row])
+        ids = [r[0] if r[-1] is None else _insert_unique(alias, r) for r in rows]
+    return ids
 
 
 def _insert_unique(alias: str, params: list[Any]) -> str:

@@ -205,3 +205,41 @@ def test_ids_are_unique_time_ordered_and_fit_the_column():
     assert ids == sorted(ids)
     assert all(len(i) <= 64 for i in ids)
 
+
+
+# -- enqueue_many -----------------------------------------------------------------------------
+
+
+def test_enqueue_many_stores_all_in_order_with_options():
+    ids = rws.enqueue_many(
+        ["a", ("b", "pb"), {"job_type": "c", "payload": "pc", "queue": "q", "priority": 3}]
+        + [("bulk", str(i)) for i in range(2500)]
+    )
+    assert len(ids) == 2503 and len(set(ids)) == 2503
+    stored = {j.id: j for j in Job.objects.all()}
+    assert (stored[ids[0]].job_type, stored[ids[1]].payload) == ("a", "pb")
+    assert (stored[ids[2]].queue, stored[ids[2]].priority) == ("q", 3)
+    assert [stored[i].payload for i in ids[3:]] == [str(i) for i in range(2500)]
+
+
+def test_enqueue_many_validates_everything_first():
+    with pytest.raises(TypeError, match=r"job #2: payload must be a str, got NoneType"):
+        rws.enqueue_many([("a", "1"), ("a", "2"), ("a", None)])
+    with pytest.raises(ValueError, match=r"job #1: queue name 'qqqq.*is 65 characters; the limit is 64"):
+        rws.enqueue_many([{"job_type": "a"}, {"job_type": "a", "queue": "q" * 65}])
+    with pytest.raises(TypeError, match="job #0: a job must be"):
+        rws.enqueue_many([42])
+    assert Job.objects.count() == 0
+
+
+def test_enqueue_many_keeps_unique_semantics_and_the_callers_transaction():
+    held = rws.enqueue("u", unique="k1")
+    ids = rws.enqueue_many([{"job_type": "u", "unique": "k1"}, {"job_type": "u", "unique": "k2"},
+                            {"job_type": "u", "unique": "k2"}, "plain"])
+    assert ids[0] == held and ids[1] == ids[2] != held
+    assert Job.objects.count() == 3
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            rws.enqueue_many(["x", "y"])
+            raise RuntimeError
+    assert Job.objects.count() == 3
