@@ -59,7 +59,7 @@ def _selection(request: HttpRequest, queryset: QuerySet[Any]) -> tuple[list[str]
 
 @admin.register(FailedJob)
 class FailedJobAdmin(JobDisplay, QueueDatabaseAdmin):
-    list_display = ("id", "job_type", "queue", "runs", "failed", "error", "created")
+    list_display = ("id", "job_type", "queue", "runs", "failed", "error")
     list_filter = ("queue", "job_type")
     # Rows a seed writer failed carry no failed_at; they sort after the ones we timed.
     ordering = (F("failed_at").desc(nulls_last=True), "-next_run_at", "-id")
@@ -213,7 +213,8 @@ class FailedJobAdmin(JobDisplay, QueueDatabaseAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         if request.method == "POST":
             self._refuse_forbidden_action(request)
-        return super().changelist_view(request, {**links(request, self), **(extra_context or {})})
+        context = {**links(request, self), "title": _("Dead-letter list")}
+        return super().changelist_view(request, {**context, **(extra_context or {})})
 
     def _refuse_forbidden_action(self, request: HttpRequest) -> None:
         """Answer an action the user may not run with 403; Django would redisplay the list silently."""

@@ -151,7 +151,8 @@ class JobAdmin(JobDisplay, QueueDatabaseAdmin):
         return overview.render(request, self)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
-        return super().changelist_view(request, {**links(request, self), **(extra_context or {})})
+        context = {**links(request, self), "title": _("Jobs")}
+        return super().changelist_view(request, {**context, **(extra_context or {})})
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> Any:

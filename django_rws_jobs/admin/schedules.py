@@ -143,6 +143,7 @@ class JobScheduleAdmin(QueueDatabaseAdmin):
         ]
         context = {
             **links(request, self),
+            "title": _("Schedules"),
             "unstored": unstored,
             "invalid": [e for name, e in sorted(known.errors.items())],
         }

@@ -1,0 +1,125 @@
+"""The admin in a real Chromium: log in, retry and delete dead jobs, look at the overview.
+
+Uses Debian's chromium (scripts/_env.sh installs it); nothing is downloaded. Saves the screenshots
+that docs/admin.md shows.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from django.contrib import admin
+
+import django_rws_jobs as rws
+from django_rws_jobs.models import Job
+
+# Playwright's sync API runs an event loop in this thread, and Django refuses ORM calls from a
+# thread with a running loop unless told it is safe; here the calls never overlap.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM = os.environ.get("RWS_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+sync_api = pytest.importorskip("playwright.sync_api")
+if not shutil.which(CHROMIUM):
+    pytest.skip(f"no Chromium at {CHROMIUM} (scripts/_env.sh installs Debian's)", allow_module_level=True)
+
+
+@pytest.fixture
+def page(live_server, settings, django_user_model):
+    # The test settings have no staticfiles app; the live server serves STATIC_ROOT, so point it at
+    # the admin's own files and the pages look as they do in a project.
+    settings.STATIC_ROOT = str(Path(admin.__file__).parent / "static")
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "admin")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 800})
+            page = context.new_page()
+            page.set_default_timeout(15_000)
+            page.goto(f"{live_server.url}/admin/login/")
+            page.fill("#id_username", "admin")
+            page.fill("#id_password", "admin")
+            page.click("input[type=submit]")
+            page.wait_for_selector("#site-name")
+            yield page
+        finally:
+            browser.close()
+
+
+def dead_jobs(*payloads: str, queue: str = "default") -> list[str]:
+    """Jobs that really failed: enqueued without retries and run once by tick()."""
+    ids = [rws.enqueue("test.fail", p, queue=queue, max_retries=0) for p in payloads]
+    while rws.tick():
+        pass
+    assert Job.objects.filter(id__in=ids, status="failed").count() == len(ids)
+    return ids
+
+
+def some_traffic() -> None:
+    t = int(time.time())
+    for i in range(12):
+        rws.enqueue("test.record", f"receipt {i}", queue="mailers", run_in=600)
+    for i in range(5):
+        Job.objects.filter(id=rws.enqueue("test.record", f"late {i}", queue="mailers")).update(next_run_at=t - 90)
+    for i in range(3):
+        job_id = rws.enqueue("test.record", f"report {i}", queue="reports")
+        Job.objects.filter(id=job_id).update(status="running", locked_until=t + 60, locked_by="web-1:1")
+    for i in range(7):
+        rws.enqueue("test.record", f"thumb {i}", queue="default", run_in=120)
+
+
+def test_retry_and_delete_from_the_dead_letter_list(page, live_server):
+    keep, retry_me, delete_me = dead_jobs("order 1", "order 2", "<script>alert(1)</script>")
+    dead_jobs("newsletter 3", queue="mailers")
+
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/failedjob/")
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 4
+    assert page.locator("#result_list").inner_text().count("ValueError: boom") == 4
+    page.screenshot(path=str(DOCS / "admin-dead-letter.png"), full_page=True)
+
+    page.check(f"input[name=_selected_action][value='{retry_me}']")
+    page.select_option("select[name=action]", "retry_selected")
+    page.click("button[name=index]")
+    page.wait_for_selector(".messagelist")
+    assert "Retried 1 dead job; it is due now." in page.locator(".messagelist").inner_text()
+    assert page.locator(f"input[name=_selected_action][value='{retry_me}']").count() == 0
+    assert page.locator("#result_list tbody tr").count() == 3
+    assert Job.objects.get(id=retry_me).status == "pending"
+
+    # Delete asks first, on a page of its own, and the payload stays text.
+    page.check(f"input[name=_selected_action][value='{delete_me}']")
+    page.select_option("select[name=action]", "delete_selected")
+    page.click("button[name=index]")
+    page.wait_for_selector("text=Are you sure you want to delete 1 dead job?")
+    assert Job.objects.filter(id=delete_me).exists()
+    page.click("input[type=submit][value^='Yes']")
+    page.wait_for_selector(".messagelist")
+    assert "Deleted 1 dead job." in page.locator(".messagelist").inner_text()
+    assert not Job.objects.filter(id=delete_me).exists()
+    assert Job.objects.get(id=keep).status == "failed"
+
+
+def test_overview_page(page, live_server):
+    dead_jobs("order 1", "order 2")
+    dead_jobs("newsletter 3", queue="mailers")
+    some_traffic()
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/job/")
+    page.click("text=Queue overview")
+    page.wait_for_selector("#rws-queues")
+    mailers = page.locator("#rws-queues tr[data-queue=mailers] td")
+    assert [mailers.nth(i).inner_text() for i in (0, 1, 2)] == ["17", "5", "2 min"]
+    assert page.locator(".rws-chart .row").count() == 3
+    page.screenshot(path=str(DOCS / "admin-overview.png"), full_page=True)
+    page.click("#rws-queues tr[data-queue=mailers] td:nth-of-type(2) a")  # the "due now" count
+    page.wait_for_selector("#result_list")
+    assert page.locator("#result_list tbody tr").count() == 5
