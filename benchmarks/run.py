@@ -1,0 +1,258 @@
+"""Benchmarks for django-rws-jobs. Run through scripts/bench (which sets up the venv and servers).
+
+    scripts/bench                      # full sizes, every database, median of 3 runs
+    scripts/bench --small              # small sizes (CI: keeps the script working, no thresholds)
+    scripts/bench --db postgres --repeat 1
+
+Workloads, per database:
+  drain       N due no-op jobs with one `rws_worker --workers 4 --burst` process (jobs/s)
+  enqueue     enqueue() one job per transaction from one thread (jobs/s)
+  bulk        enqueue_many() of M jobs in one call (jobs/s)
+  latency     an idle worker picks up 100 jobs enqueued 50 ms apart: p50 / p99 (ms)
+  drain_future  the drain with F not-yet-due jobs in the table (jobs/s, and share of the plain drain)
+  rss         the worker's peak resident memory during the drain (MB)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+def env_for(db: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="benchmarks.settings", RWS_BENCH_DB=db,
+               PYTHONPATH=str(ROOT))
+    env.update(extra)
+    return env
+
+
+def setup_django(db: str) -> None:
+    os.environ.update(env_for(db))
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+
+
+def reset_database(db: str) -> None:
+    if db == "postgres":
+        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", "DROP DATABASE IF EXISTS rws_bench"], check=True)
+        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", "CREATE DATABASE rws_bench"], check=True)
+    elif db == "mysql":
+        subprocess.run(["mariadb", "-h", "127.0.0.1", "-uroot", "-e",
+                        "DROP DATABASE IF EXISTS rws_bench; CREATE DATABASE rws_bench CHARACTER SET utf8mb4"], check=True)
+    else:
+        for suffix in ("", "-wal", "-shm"):
+            Path(HERE / "results" / f"bench.sqlite3{suffix}").unlink(missing_ok=True)
+    subprocess.run([sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v0"], cwd=ROOT, env=env_for(db), check=True)
+
+
+def clear() -> None:
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute("DELETE FROM rws_jobs")
+        c.execute("DELETE FROM benchapp_pickup")
+
+
+def count_jobs() -> int:
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute("SELECT COUNT(*) FROM rws_jobs WHERE status <> 'failed' AND job_type = 'bench.noop' "
+                  "AND next_run_at <= %s", [int(time.time())])
+        return c.fetchone()[0]
+
+
+def peak_rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
+    """Enqueue n due no-op jobs, run one burst worker; return (jobs/s, peak RSS MB)."""
+    from django_rws_jobs import enqueue_many
+
+    enqueue_many([("bench.noop", "")] * n)
+    proc = subprocess.Popen([sys.executable, "-m", "django", "rws_worker", "--burst", *worker_args],
+                            cwd=ROOT, env=env_for(db), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t0 = None
+    start_count = n
+    rss = 0.0
+    while True:
+        left = count_jobs()
+        now = time.perf_counter()
+        if t0 is None and left < n:
+            t0, start_count = now, left
+        rss = max(rss, peak_rss_mb(proc.pid))
+        if left == 0:
+            t1 = now
+            break
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode} and {left} jobs left: {proc.stderr.read()[-2000:]}")
+        time.sleep(0.002)
+    proc.wait(60)
+    if t0 is None or t1 <= t0:
+        return float("nan"), rss
+    return start_count / (t1 - t0), rss
+
+
+def enqueue_rate(n: int) -> float:
+    from django_rws_jobs import enqueue
+
+    t0 = time.perf_counter()
+    for _ in range(n):
+        enqueue("bench.noop", "x", run_in=3600)  # not due: the drain counts only due jobs
+    return n / (time.perf_counter() - t0)
+
+
+def bulk_rate(m: int) -> float:
+    from django_rws_jobs import enqueue_many
+
+    items = [{"job_type": "bench.noop", "payload": "x", "run_in": 3600}] * m
+    t0 = time.perf_counter()
+    enqueue_many(items)
+    return m / (time.perf_counter() - t0)
+
+
+def latency(db: str, count: int, gap: float, worker_args: list[str]) -> tuple[float, float]:
+    from django_rws_jobs import enqueue
+    from benchmarks.benchapp.models import Pickup
+
+    proc = subprocess.Popen([sys.executable, "-m", "django", "rws_worker", *worker_args],
+                            cwd=ROOT, env=env_for(db), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2.0)  # let it start and go idle
+        for _ in range(count):
+            enqueue("bench.latency", repr(time.time()))
+            time.sleep(gap)
+        deadline = time.monotonic() + 30
+        while Pickup.objects.count() < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    values = sorted(p.latency * 1000 for p in Pickup.objects.all())
+    if len(values) < count:
+        raise RuntimeError(f"only {len(values)} of {count} latency jobs ran")
+    p99 = values[min(len(values) - 1, int(round(0.99 * (len(values) - 1))))]
+    return statistics.median(values), p99
+
+
+def fill_future(f: int) -> None:
+    from django.db import connection
+
+    now = int(time.time())
+    batch = 5000
+    with connection.cursor() as c:
+        for start in range(0, f, batch):
+            rows = [(f"future-{i:08d}", "bench.future", now + 86400 + i % 100000, now)
+                    for i in range(start, min(start + batch, f))]
+            c.executemany("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at) VALUES (%s, %s, %s, %s)", rows)
+        if connection.vendor == "postgresql":
+            c.execute("ANALYZE rws_jobs")
+        elif connection.vendor == "mysql":
+            c.execute("ANALYZE TABLE rws_jobs")
+            c.fetchall()
+        else:
+            c.execute("ANALYZE")
+
+
+def run_db(db: str, args: argparse.Namespace) -> dict:
+    worker_args = ["--workers", str(args.workers), *args.worker_args.split()]
+    results: dict[str, list] = {k: [] for k in ("drain", "rss", "enqueue", "bulk", "latency_p50", "latency_p99",
+                                                "drain_future")}
+    for r in range(args.repeat):
+        reset_database(db)
+        from django.db import connections
+
+        connections.close_all()
+        rate, rss = drain(db, args.jobs, worker_args)
+        results["drain"].append(rate)
+        results["rss"].append(rss)
+        clear()
+        results["enqueue"].append(enqueue_rate(args.enqueue))
+        clear()
+        results["bulk"].append(bulk_rate(args.bulk))
+        clear()
+        p50, p99 = latency(db, args.latency_jobs, 0.05, worker_args)
+        results["latency_p50"].append(p50)
+        results["latency_p99"].append(p99)
+        clear()
+        fill_future(args.future)
+        results["drain_future"].append(drain(db, args.future_due, worker_args)[0])
+        print(f"  {db} run {r + 1}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items()), file=sys.stderr)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    med["future_share"] = med["drain_future"] / med["drain"] if med["drain"] else float("nan")
+    return {"median": med, "runs": results}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--db", default="sqlite,postgres,mysql")
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--enqueue", type=int, default=5_000)
+    parser.add_argument("--bulk", type=int, default=100_000)
+    parser.add_argument("--latency-jobs", type=int, default=100)
+    parser.add_argument("--future", type=int, default=1_000_000)
+    parser.add_argument("--future-due", type=int, default=10_000)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--worker-args", default="", help="extra rws_worker arguments")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--small", action="store_true", help="tiny sizes, one run (CI)")
+    parser.add_argument("--db-child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.small:
+        args.jobs, args.enqueue, args.bulk, args.latency_jobs = 300, 200, 2000, 10
+        args.future, args.future_due, args.repeat = 5000, 300, 1
+    if args.db_child:
+        setup_django(args.db_child)
+        print(json.dumps(run_db(args.db_child, args)))
+        return
+    out = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}",
+           "args": {k: v for k, v in vars(args).items() if k != "db_child"}, "results": {}}
+    for db in args.db.split(","):
+        print(f"benchmarking {db} ...", file=sys.stderr)
+        child = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--db-child", db], cwd=ROOT,
+                               stdout=subprocess.PIPE, text=True, check=True)
+        out["results"][db] = json.loads(child.stdout.strip().splitlines()[-1])
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / "latest.json").write_text(json.dumps(out, indent=2))
+    print(table(out))
+
+
+def table(out: dict) -> str:
+    dbs = list(out["results"])
+    rows = [
+        ("drain %d due no-op jobs, --workers %d (jobs/s)" % (out["args"]["jobs"], out["args"]["workers"]), "drain", "{:,.0f}"),
+        ("enqueue, one transaction per job (jobs/s)", "enqueue", "{:,.0f}"),
+        ("bulk enqueue_many of %d jobs (jobs/s)" % out["args"]["bulk"], "bulk", "{:,.0f}"),
+        ("pickup latency p50 (ms)", "latency_p50", "{:.1f}"),
+        ("pickup latency p99 (ms)", "latency_p99", "{:.1f}"),
+        ("drain %d due with %d future jobs (jobs/s)" % (out["args"]["future_due"], out["args"]["future"]), "drain_future", "{:,.0f}"),
+        ("  as a share of the plain drain", "future_share", "{:.0%}"),
+        ("worker peak RSS (MB)", "rss", "{:.0f}"),
+    ]
+    lines = ["| workload | " + " | ".join(dbs) + " |", "|---|" + "---|" * len(dbs)]
+    for label, key, fmt in rows:
+        lines.append(f"| {label} | " + " | ".join(fmt.format(out["results"][d]["median"][key]) for d in dbs) + " |")
+    return "\n".join(lines) + f"\n\n{out['machine']}; median of {out['args']['repeat']} run(s)."
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Settings for benchmarks/run.py: RWS_BENCH_DB=sqlite|postgres|mysql."""
+
+import json
+import os
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+RESULTS.mkdir(exist_ok=True)
+SECRET_KEY = "bench"
+USE_TZ = True
+INSTALLED_APPS = ["django.contrib.contenttypes", "django_rws_jobs", "benchmarks.benchapp"]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+DB = os.environ.get("RWS_BENCH_DB", "sqlite")
+if DB == "sqlite":
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(RESULTS / "bench.sqlite3")}}
+elif DB == "postgres":
+    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "rws_bench", "USER": "postgres",
+                             "HOST": "127.0.0.1", "PORT": "5432"}}
+elif DB == "mysql":
+    DATABASES = {"default": {"ENGINE": "django.db.backends.mysql", "NAME": "rws_bench", "USER": "root",
+                             "HOST": "127.0.0.1", "PORT": "3306", "OPTIONS": {"charset": "utf8mb4"}}}
+else:
+    raise RuntimeError(f"RWS_BENCH_DB={DB!r}")
+
+RWS_JOBS = {"POLL_INTERVAL": 0.5}
+RWS_JOBS.update(json.loads(os.environ.get("RWS_BENCH_JOBS", "{}")))
+LOGGING = {"version": 1, "disable_existing_loggers": False,
+           "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+           "loggers": {"django_rws_jobs": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}}}
