@@ -225,3 +225,37 @@ def test_bad_options_are_refused(workers):
     w = workers("--database", "nope")
     assert w.wait() != 0
     assert "database alias 'nope' is not in DATABASES" in w.output()
+
+
+def test_workers_and_a_web_process_share_the_database_without_lock_errors(workers):
+    # A "web process" that reads, then writes and enqueues in one transaction, as a view does,
+    # while three workers drain: on SQLite this is where "database is locked" would surface.
+    for i in range(150):
+        rws.enqueue("test.record", f"pre-{i}")
+    web = (
+        "from django.db import transaction\n"
+        "from django_rws_jobs import enqueue\n"
+        "from tests.testapp.models import Order\n"
+        "for i in range(150):\n"
+        "    with transaction.atomic():\n"
+        "        Order.objects.count()\n"
+        "        Order.objects.create(number=str(i))\n"
+        "        enqueue('test.record', f'web-{i}')\n"
+        "print('WEB DONE')\n"
+    )
+    from tests.conftest import run_python
+    from tests.testapp.models import Order
+
+    procs = [workers("--workers", "2") for _ in range(3)]
+    view = run_python(web)
+    out, _ = view.communicate(timeout=120)
+    assert view.returncode == 0 and "WEB DONE" in out, out
+    wait_for(lambda: Job.objects.count() == 0, timeout=60, what="the queue to drain")
+    for w in procs:
+        w.signal(signal.SIGTERM)
+    for w in procs:
+        assert w.wait() == 0
+        assert "locked" not in w.output().lower(), w.output()
+    assert Order.objects.count() == 150
+    counts = run_counts()
+    assert len(counts) == 300 and set(counts.values()) == {1}
