@@ -22,8 +22,10 @@ class Registry:
     def __init__(self) -> None:
         self._specs: dict[str, JobSpec] = {}
         self._lock = threading.Lock()
-        # Schedules declared on @job(schedule=...), as settings-style dicts keyed by name.
-        self.schedules: dict[str, dict[str, Any]] = {}
+        # Schedules declared on @job(schedule=...): (declaring job_type, name, settings-style entry).
+        # Every declaration is kept, so that a name declared twice is reported by a system check
+        # (rws_jobs.E105) instead of one declaration silently winning.
+        self._schedule_decls: list[tuple[str, Any, Any]] = []
 
     def register(self, job_type: str, func: Handler, **options: Any) -> Handler:
         if not isinstance(job_type, str) or not job_type:
@@ -38,19 +40,22 @@ class Registry:
                     f"job_type {job_type!r} is already registered to "
                     f"{_name(existing.func)}; cannot register {_name(func)} as well"
                 )
+            entries = _schedule_entries(job_type, schedule) if schedule is not None else []
             self._specs[job_type] = JobSpec(job_type, func, options)
-            if schedule is not None:
-                for name, entry in _schedule_entries(job_type, schedule).items():
-                    if name in self.schedules and self.schedules[name] != entry:
-                        raise ValueError(f"schedule {name!r} is declared twice with different settings")
-                    self.schedules[name] = entry
+            # Registering again (a re-imported module) replaces this job_type's declarations.
+            self._schedule_decls = [d for d in self._schedule_decls if d[0] != job_type]
+            self._schedule_decls.extend((job_type, name, entry) for name, entry in entries)
         return func
 
     def unregister(self, job_type: str) -> None:
         with self._lock:
             self._specs.pop(job_type, None)
-            for name in [n for n, e in self.schedules.items() if e["job_type"] == job_type]:
-                del self.schedules[name]
+            self._schedule_decls = [d for d in self._schedule_decls if d[0] != job_type]
+
+    def schedule_declarations(self) -> list[tuple[str, Any, Any]]:
+        """Schedules declared on @job(schedule=...): (declaring job_type, name, entry), in order."""
+        with self._lock:
+            return list(self._schedule_decls)
 
     def get(self, job_type: str) -> JobSpec | None:
         return self._specs.get(job_type)
@@ -62,17 +67,23 @@ class Registry:
         return sorted(self._specs)
 
 
-def _schedule_entries(job_type: str, schedule: Any) -> dict[str, dict[str, Any]]:
-    """Normalise ``schedule=`` ("cron", {"name":..., "cron":...}, or a list of them)."""
+def _schedule_entries(job_type: str, schedule: Any) -> list[tuple[Any, Any]]:
+    """Normalise ``schedule=`` ("cron", {"name":..., "cron":...}, or a list of them).
+
+    What is wrong with an entry (a bad cron, an unknown key, a value that is not a dict, a name
+    used twice) is left for the system checks to report with the schedule's name.
+    """
     items = schedule if isinstance(schedule, (list, tuple)) else [schedule]
-    out: dict[str, dict[str, Any]] = {}
+    out: list[tuple[Any, Any]] = []
     for item in items:
-        entry = {"cron": item} if isinstance(item, str) else dict(item)
-        entry.setdefault("job_type", job_type)
-        name = entry.pop("name", None) or job_type
-        if name in out:
-            raise ValueError(f"schedule {name!r} is declared twice on job_type {job_type!r}")
-        out[name] = entry
+        if isinstance(item, str):
+            entry: Any = {"cron": item, "job_type": job_type}
+        elif isinstance(item, dict):
+            entry = {"job_type": job_type, **item}
+        else:
+            entry = item
+        name = entry.pop("name", None) if isinstance(entry, dict) else None
+        out.append((name or job_type, entry))
     return out
 
 

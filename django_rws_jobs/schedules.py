@@ -1,10 +1,23 @@
-"""Cron schedules: each due time enqueued once across every process sharing the database."""
+"""Cron schedules: each due time enqueued once across every process sharing the database.
+
+Schedules come from ``RWS_JOBS["SCHEDULES"]`` and from ``@job(schedule=...)``. What is wrong with
+one is a system check error (tag ``rws_jobs``, which ``rws_worker`` runs before it starts) naming
+the schedule, with one of these ids:
+
+- ``rws_jobs.E101``: the cron expression is invalid;
+- ``rws_jobs.E102``: the cron expression can never fire (``0 0 0 30 2 *``);
+- ``rws_jobs.E103``: no handler is registered for its job_type;
+- ``rws_jobs.E104``: its shape or an option is wrong (not a dict, an unknown or missing key, a
+  payload, queue, priority, max_retries or unique key that ``enqueue`` would refuse);
+- ``rws_jobs.E105``: its name is declared more than once.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,91 +31,141 @@ from .registry import registry
 
 logger = logging.getLogger("django_rws_jobs")
 
-OPTION_KEYS = {"queue", "priority", "max_retries", "unique"}
-KEYS = {"cron", "job_type", "payload"} | OPTION_KEYS
+BAD_CRON = "rws_jobs.E101"
+NEVER_FIRES = "rws_jobs.E102"
+UNKNOWN_JOB_TYPE = "rws_jobs.E103"
+BAD_OPTION = "rws_jobs.E104"
+DUPLICATE = "rws_jobs.E105"
+
+OPTION_KEYS = ("queue", "priority", "max_retries", "unique")
+KEYS = ("cron", "job_type", "payload", *OPTION_KEYS)
+NAME_MAX = 191  # rws_job_schedules.name is VARCHAR(191)
+SETTINGS = "RWS_JOBS['SCHEDULES']"
 
 
 @dataclass(frozen=True)
 class Schedule:
+    """A declared schedule: enqueue ``job_type`` with ``payload`` and ``options`` at each due time."""
+
     name: str
-    cron: str
+    cron: str  # the expression as written, whitespace normalised (stored in rws_job_schedules.cron)
     job_type: str
     payload: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    source: str = SETTINGS  # where it was declared: RWS_JOBS['SCHEDULES'] or @job('...')
+
+    def next_after(self, t: int) -> int:
+        """The first due time strictly after unix second ``t``."""
+        return cron.parse(self.cron).next_after(t)
 
 
 class ScheduleError(ValueError):
-    def __init__(self, name: str, message: str, check_id: str):
+    """What is wrong with one declared schedule, with the id of its system check."""
+
+    def __init__(self, name: Any, message: str, check_id: str):
         super().__init__(f"schedule {name!r}: {message}")
         self.name = name
         self.check_id = check_id
 
 
 def declared() -> tuple[list[Schedule], list[ScheduleError]]:
-    """Every schedule from RWS_JOBS['SCHEDULES'] and @job(schedule=...), and what is wrong with them."""
-    from .api import prepare
+    """The schedules from RWS_JOBS['SCHEDULES'] and @job(schedule=...), and what is wrong with them.
 
-    errors: list[ScheduleError] = []
-    entries: list[tuple[str, Any]] = []
+    A schedule with any error is not in the first list.
+    """
     configured = jobs_settings.SCHEDULES
     if not isinstance(configured, dict):
-        return [], [ScheduleError("*", "RWS_JOBS['SCHEDULES'] must be a dict of name -> schedule", "rws_jobs.E100")]
-    entries.extend(configured.items())
-    for name, entry in registry.schedules.items():
-        if name in configured:
-            errors.append(ScheduleError(name, "is declared both in RWS_JOBS['SCHEDULES'] and on @job", "rws_jobs.E105"))
+        return [], [ScheduleError(SETTINGS, f"must be a dict of name -> schedule, got {type(configured).__name__}",
+                                  "rws_jobs.E010")]
+    entries = [(name, entry, SETTINGS) for name, entry in configured.items()]
+    entries += [(name, entry, f"@job({job_type!r})") for job_type, name, entry in registry.schedule_declarations()]
+
+    errors: list[ScheduleError] = []
+    sources: dict[str, list[str]] = defaultdict(list)
+    named = []
+    for name, entry, source in entries:
+        if not isinstance(name, str) or not name or len(name) > NAME_MAX:
+            errors.append(ScheduleError(name, f"the name must be a string of 1 to {NAME_MAX} characters "
+                                              f"(declared in {source})", BAD_OPTION))
             continue
-        entries.append((name, entry))
-    out: list[Schedule] = []
-    now = int(time.time())
-    for name, entry in entries:
-        if not isinstance(name, str) or not name or len(name) > 191:
-            errors.append(ScheduleError(str(name), "the name must be a string of 1 to 191 characters", "rws_jobs.E104"))
+        sources[name].append(source)
+        named.append((name, entry, source))
+    for name, where in sources.items():
+        if len(where) > 1:
+            errors.append(ScheduleError(name, f"is declared {len(where)} times ({', '.join(where)}); "
+                                              "schedule names must be unique", DUPLICATE))
+
+    schedules: list[Schedule] = []
+    for name, entry, source in named:
+        if len(sources[name]) > 1:
             continue
-        if not isinstance(entry, dict):
-            errors.append(ScheduleError(name, f"must be a dict with 'cron' and 'job_type', got {entry!r:.60}", "rws_jobs.E104"))
-            continue
-        unknown = set(entry) - KEYS
+        schedule, problems = _check(name, entry, source)
+        errors.extend(problems)
+        if schedule is not None:
+            schedules.append(schedule)
+    return schedules, errors
+
+
+def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[ScheduleError]]:
+    from .api import prepare
+
+    def error(message: str, check_id: str) -> ScheduleError:
+        return ScheduleError(name, message, check_id)
+
+    if not isinstance(entry, dict):
+        return None, [error(f"must be a dict with 'cron' and 'job_type' (optional: {', '.join(KEYS[2:])}), "
+                            f"got {type(entry).__name__} {entry!r:.60}", BAD_OPTION)]
+    unknown = [key for key in entry if key not in KEYS]
+    missing = [key for key in ("cron", "job_type") if key not in entry]
+    if unknown or missing:
+        problems = []
         if unknown:
-            errors.append(ScheduleError(name, f"unknown keys {sorted(unknown)}; allowed: {sorted(KEYS)}", "rws_jobs.E104"))
-            continue
-        try:
-            cron.check_fires(entry.get("cron"), now)
-        except cron.CronError as exc:
-            check_id = "rws_jobs.E102" if "never fires" in str(exc) else "rws_jobs.E101"
-            errors.append(ScheduleError(name, str(exc), check_id))
-            continue
-        job_type = entry.get("job_type")
-        options = {k: entry[k] for k in OPTION_KEYS if k in entry}
-        payload = entry.get("payload", "")
-        try:
-            prepare(job_type, payload, **options)
-        except (TypeError, ValueError) as exc:
-            errors.append(ScheduleError(name, f"bad job: {exc}", "rws_jobs.E104"))
-            continue
+            problems.append(error(f"unknown key(s) {', '.join(map(repr, unknown))}; the keys are "
+                                  f"{', '.join(KEYS)}", BAD_OPTION))
+        if missing:
+            problems.append(error(f"needs {' and '.join(map(repr, missing))}", BAD_OPTION))
+        return None, problems
+
+    problems = []
+    try:
+        expr = cron.parse(entry["cron"])
+    except cron.CronNeverFires as exc:
+        problems.append(error(str(exc), NEVER_FIRES))
+    except cron.CronError as exc:
+        problems.append(error(str(exc), BAD_CRON))
+    job_type, payload = entry["job_type"], entry.get("payload", "")
+    options = {key: entry[key] for key in OPTION_KEYS if key in entry}
+    try:
+        prepare(job_type, payload, **options)
+    except (TypeError, ValueError) as exc:
+        problems.append(error(str(exc), BAD_OPTION))
+    else:
         if job_type not in registry:
-            errors.append(ScheduleError(name, f"job_type {job_type!r} has no registered handler", "rws_jobs.E103"))
-            continue
-        out.append(Schedule(name, cron.validate(entry["cron"]), job_type, payload, options))
-    return out, errors
+            problems.append(error(f"job_type {job_type!r} has no registered handler; register one with "
+                                  f"@job({job_type!r}) in a jobs.py module", UNKNOWN_JOB_TYPE))
+    if problems:
+        return None, problems
+    return Schedule(name, expr.text, job_type, payload, options, source), []
 
 
 def valid_schedules() -> list[Schedule]:
+    """The declared schedules that have no error; each error is logged."""
     schedules, errors = declared()
     for error in errors:
-        logger.error("%s (%s); it is not run", error, error.check_id)
+        logger.error("%s (%s); it does not run", error, error.check_id)
     return schedules
 
 
 def tick_schedules(now: int | None = None, *, using: str | None = None,
                    schedules: list[Schedule] | None = None) -> int:
-    """Enqueue the due schedules' jobs; return how many this call enqueued.
+    """Enqueue the jobs of the schedules that are due at ``now``; return how many this call enqueued.
 
-    First sight stores the next due time strictly after ``now`` and enqueues nothing. A due row is
-    claimed by a compare-and-set on its due time, and the job is enqueued in the same transaction,
-    so each due time is enqueued once whatever the number of processes; missed due times collapse
-    into one run. A changed expression takes effect at once. One schedule's failure is logged and
-    does not stop the others.
+    The first time a schedule is seen, its row gets the next due time strictly after ``now`` and
+    nothing is enqueued. A due row is claimed by one compare-and-set on its due time, and the job
+    is enqueued in the same transaction: each due time is enqueued once however many processes
+    tick, and a crash cannot lose or double it. Due times missed while nothing ticked collapse into
+    one run. A changed expression (or a row written by rust-web-server, which stores none) takes
+    effect at once. One schedule's failure is logged and does not stop the others.
     """
     alias = queue_alias(using)
     now = int(time.time()) if now is None else int(now)
@@ -110,6 +173,8 @@ def tick_schedules(now: int | None = None, *, using: str | None = None,
     for schedule in valid_schedules() if schedules is None else schedules:
         try:
             enqueued += _tick_one(schedule, now, alias)
+        except DatabaseError as exc:
+            logger.warning("schedule %r: database error at %d: %s", schedule.name, now, exc)
         except Exception:
             logger.exception("schedule %r failed at %d", schedule.name, now)
     return enqueued
@@ -118,52 +183,65 @@ def tick_schedules(now: int | None = None, *, using: str | None = None,
 def _tick_one(schedule: Schedule, now: int, alias: str) -> int:
     from .api import enqueue
 
+    expr = cron.parse(schedule.cron)
+    nxt = expr.next_after(now)
     rows = JobSchedule.objects.using(alias)
+    # Every write below is in an atomic block of its own, so that inside a caller's transaction a
+    # database error in one schedule rolls back to a savepoint and spares the others.
     row = rows.filter(name=schedule.name).values_list("next_run_at", "cron").first()
-    nxt = cron.next_after(schedule.cron, now)
     if row is None:
         try:
             with transaction.atomic(using=alias):
-                rows.create(name=schedule.name, next_run_at=nxt, cron=schedule.cron)
+                rows.create(name=schedule.name, next_run_at=nxt, cron=expr.text)
         except IntegrityError:
-            pass  # another process saw it first; its row is as right as ours
+            return 0  # another process saw it first at the same moment; its row is as right as ours
+        logger.info("schedule %r first seen; next due at %d", schedule.name, nxt)
         return 0
-    due, stored_cron = row
-    if stored_cron != schedule.cron:
-        # A changed (or seed-written) expression: its next due time, from now on.
-        rows.filter(name=schedule.name, next_run_at=due, cron=stored_cron).update(next_run_at=nxt, cron=schedule.cron)
-        logger.info("schedule %r now runs %r; next due at %d", schedule.name, schedule.cron, nxt)
-        return 0
+    due, stored = row
     if due > now:
+        if stored != expr.text:
+            # A changed expression, or a seed writer's row (no expression): the next due time is
+            # the new expression's, from now on, not the one stored for the old expression.
+            with transaction.atomic(using=alias):
+                changed = rows.filter(name=schedule.name, next_run_at=due, cron=stored).update(
+                    next_run_at=nxt, cron=expr.text)
+            if changed:
+                logger.info("schedule %r is now %r (was %r); next due at %d", schedule.name, expr.text, stored, nxt)
         return 0
+    # Due (whatever expression stored it): claim this due time, and enqueue in the same transaction.
     with transaction.atomic(using=alias):
-        won = rows.filter(name=schedule.name, next_run_at=due, cron=schedule.cron).update(next_run_at=nxt)
-        if won != 1:
-            return 0
+        if rows.filter(name=schedule.name, next_run_at=due).update(next_run_at=nxt, cron=expr.text) != 1:
+            return 0  # another process claimed it
         job_id = enqueue(schedule.job_type, schedule.payload, using=alias, **schedule.options)
     logger.info("schedule %r due at %d enqueued job %s; next due at %d", schedule.name, due, job_id, nxt)
     return 1
 
 
 def undeclared_rows(using: str | None = None) -> list[JobSchedule]:
-    """Schedule rows that no declared schedule names (left alone; shown to operators)."""
-    names = {s.name for s in declared()[0]}
+    """Schedule rows that no schedule declared here names: left alone, and shown to operators.
+
+    They may belong to a schedule that was removed or renamed, or to another deployment (such as
+    rust-web-server) sharing the table. Delete a row to forget it.
+    """
+    schedules, errors = declared()
+    names = {s.name for s in schedules} | {e.name for e in errors if isinstance(e.name, str)}
     return [row for row in JobSchedule.objects.using(queue_alias(using)).order_by("name") if row.name not in names]
 
 
 def scheduler_loop(stop: threading.Event, alias: str) -> None:
-    """Tick schedules about once a second, just after each second starts, until ``stop``."""
+    """Tick the schedules just after each second starts until ``stop`` is set (at least once)."""
     schedules = valid_schedules()
     if not schedules:
+        stop.wait()  # stay alive: the worker restarts a scheduler thread that returns early
         return
     logger.info("scheduler running %d schedule(s): %s", len(schedules), ", ".join(s.name for s in schedules))
+    conn = connections[alias]
     try:
-        while not stop.is_set():
-            try:
-                tick_schedules(using=alias, schedules=schedules)
-            except DatabaseError as exc:
-                logger.warning("scheduler: database error: %s", exc)
-                connections[alias].close()
-            stop.wait(1.0 - (time.time() % 1.0) + 0.005)
+        while True:
+            if conn.connection is not None and conn.errors_occurred and not conn.is_usable():
+                conn.close()  # reconnect after the database went away
+            tick_schedules(using=alias, schedules=schedules)
+            if stop.wait(1.0 - (time.time() % 1.0) + 0.005):
+                break
     finally:
         connections.close_all()

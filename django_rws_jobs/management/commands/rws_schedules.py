@@ -1,0 +1,88 @@
+"""python manage.py rws_schedules: the declared cron schedules, their next due times, and stray rows."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_rws_jobs.db import queue_alias
+from django_rws_jobs.models import JobSchedule
+from django_rws_jobs.schedules import declared
+
+
+def _when(t: int, now: int) -> str:
+    at = dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    delta = t - now
+    if delta == 0:
+        return f"{at} (now)"
+    return f"{at} (in {_span(delta)})" if delta > 0 else f"{at} ({_span(-delta)} ago)"
+
+
+def _span(seconds: int) -> str:
+    parts = []
+    for unit, name in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
+        if seconds >= unit or (unit == 1 and not parts):
+            n, seconds = divmod(seconds, unit)
+            parts.append(f"{n} {name}")
+    return " ".join(parts[:2])
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] for row in rows]
+
+
+class Command(BaseCommand):
+    help = ("List the cron schedules declared in RWS_JOBS['SCHEDULES'] and on @job(schedule=...) with their "
+            "next due time (UTC), the rows of rws_job_schedules that no schedule here declares, and errors.")
+    requires_system_checks: list[str] = []  # it shows schedule errors itself, with the schedules
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            alias = queue_alias(options["database"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        now = int(time.time())
+        schedules, errors = declared()
+        stored = {row.name: row for row in JobSchedule.objects.using(alias).order_by("name")}
+
+        if schedules:
+            self.stdout.write("Declared schedules (UTC):")
+            table = [("NAME", "CRON", "JOB TYPE", "NEXT DUE")]
+            for s in schedules:
+                table.append((s.name, s.cron, s.job_type, self._next_due(s, stored.get(s.name), now)))
+            self.stdout.write("\n".join(_table(table)))
+        else:
+            self.stdout.write("No schedules declared.")
+
+        error_names = {e.name for e in errors}
+        declared_names = {s.name for s in schedules} | error_names
+        stray = [row for name, row in stored.items() if name not in declared_names]
+        if stray:
+            self.stdout.write("\nRows no schedule here declares (left alone; delete a row to forget it):")
+            table = [("NAME", "CRON", "NEXT DUE")]
+            for row in stray:
+                cron = row.cron if row.cron is not None else "(none stored: a rust-web-server row)"
+                table.append((row.name, cron, _when(row.next_run_at, now)))
+            self.stdout.write("\n".join(_table(table)))
+
+        if errors:
+            for error in errors:
+                self.stderr.write(f"{error} ({error.check_id})")
+            raise CommandError(f"{len(errors)} schedule error(s); workers refuse to start until they are fixed")
+
+    def _next_due(self, schedule: Any, row: JobSchedule | None, now: int) -> str:
+        if row is None:
+            return f"{_when(schedule.next_after(now), now)}, once a worker has seen it"
+        if row.next_run_at <= now:
+            return f"{_when(row.next_run_at, now)}: due, enqueued at the next tick"
+        if row.cron != schedule.cron:
+            return (f"{_when(schedule.next_after(now), now)} (the row still says "
+                    f"{_when(row.next_run_at, now)} for {row.cron!r}; the next tick updates it)")
+        return _when(row.next_run_at, now)

@@ -1,0 +1,435 @@
+"""Cron schedules: declaration and checks, tick_schedules driven by ``now``, and real processes."""
+
+import calendar
+import datetime as dt
+import io
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from django.conf import settings
+from django.core import checks
+from django.core.management import CommandError, call_command
+from django.db import connection, transaction
+from django.test import override_settings
+
+from django_rws_jobs import job, tick_schedules
+from django_rws_jobs.models import Job, JobSchedule
+from django_rws_jobs.registry import registry
+from django_rws_jobs.schedules import Schedule, declared, scheduler_loop, undeclared_rows
+from tests.conftest import ROOT, run_python, start_worker, subprocess_env
+
+pytestmark = pytest.mark.django_db
+
+MINUTELY = {"cron": "0 * * * * *", "job_type": "test.record", "payload": "m"}
+
+
+def ts(text: str) -> int:
+    return calendar.timegm(dt.datetime.fromisoformat(text).timetuple())
+
+
+def with_schedules(**schedules):
+    return override_settings(RWS_JOBS={**settings.RWS_JOBS, "SCHEDULES": schedules})
+
+
+def row(name):
+    return JobSchedule.objects.filter(name=name).values_list("next_run_at", "cron").first()
+
+
+def jobs(payload=None):
+    qs = Job.objects.order_by("created_at", "id")
+    if payload is not None:
+        qs = qs.filter(payload=payload)
+    return list(qs.values_list("job_type", "payload", "queue", "priority", "max_retries"))
+
+
+@pytest.fixture
+def temp_jobs():
+    """Register handlers (with schedules) for one test; unregister them after it."""
+    names = []
+
+    def register(job_type, **options):
+        job(job_type, **options)(lambda payload: None)
+        names.append(job_type)
+
+    yield register
+    for name in names:
+        registry.unregister(name)
+
+
+# -- tick_schedules, driven by ``now`` -------------------------------------------------------------
+
+
+def test_first_sight_stores_the_next_due_time_and_enqueues_nothing():
+    with with_schedules(m=MINUTELY):
+        assert tick_schedules(now=ts("2024-01-01 00:00:30")) == 0
+        assert row("m") == (ts("2024-01-01 00:01:00"), "0 * * * * *")
+        # Strictly after now: a schedule first seen on one of its due times does not run then.
+        JobSchedule.objects.all().delete()
+        assert tick_schedules(now=ts("2024-01-01 00:01:00")) == 0
+        assert row("m") == (ts("2024-01-01 00:02:00"), "0 * * * * *")
+    assert jobs() == []
+
+
+def test_due_enqueues_once_with_its_payload_and_options():
+    schedule = {**MINUTELY, "queue": "reports", "priority": 7, "max_retries": 1}
+    JobSchedule.objects.create(name="m", next_run_at=ts("2024-01-01 00:01:00"), cron="0 * * * * *")
+    with with_schedules(m=schedule):
+        assert tick_schedules(now=ts("2024-01-01 00:01:00")) == 1
+        assert row("m") == (ts("2024-01-01 00:02:00"), "0 * * * * *")
+        assert jobs() == [("test.record", "m", "reports", 7, 1)]
+        # The same due time again, and any time before the next one: nothing.
+        assert tick_schedules(now=ts("2024-01-01 00:01:00")) == 0
+        assert tick_schedules(now=ts("2024-01-01 00:01:59")) == 0
+        assert tick_schedules(now=ts("2024-01-01 00:02:00")) == 1
+    assert len(jobs()) == 2
+
+
+def test_not_due_yet():
+    JobSchedule.objects.create(name="m", next_run_at=ts("2024-01-01 00:01:00"), cron="0 * * * * *")
+    with with_schedules(m=MINUTELY):
+        assert tick_schedules(now=ts("2024-01-01 00:00:59")) == 0
+    assert row("m") == (ts("2024-01-01 00:01:00"), "0 * * * * *")
+    assert jobs() == []
+
+
+def test_due_times_missed_during_downtime_collapse_into_one_run():
+    JobSchedule.objects.create(name="m", next_run_at=ts("2024-01-01 00:01:00"), cron="0 * * * * *")
+    with with_schedules(m=MINUTELY):
+        assert tick_schedules(now=ts("2024-01-01 03:17:42")) == 1
+        assert tick_schedules(now=ts("2024-01-01 03:17:43")) == 0
+    assert row("m") == (ts("2024-01-01 03:18:00"), "0 * * * * *")
+    assert len(jobs()) == 1
+
+
+def test_a_changed_expression_takes_effect_at_once():
+    # Stored for "0 0 3 * * *": due at 03:00. Now declared every minute: due at 00:01, not 03:00.
+    JobSchedule.objects.create(name="m", next_run_at=ts("2024-01-01 03:00:00"), cron="0 0 3 * * *")
+    with with_schedules(m=MINUTELY):
+        assert tick_schedules(now=ts("2024-01-01 00:00:30")) == 0
+        assert row("m") == (ts("2024-01-01 00:01:00"), "0 * * * * *")
+        assert tick_schedules(now=ts("2024-01-01 00:01:00")) == 1
+    # And back to 03:00: the stored 00:02 is not run.
+    with with_schedules(m={**MINUTELY, "cron": "0 0 3 * * *"}):
+        assert tick_schedules(now=ts("2024-01-01 00:01:30")) == 0
+        assert row("m") == (ts("2024-01-01 03:00:00"), "0 0 3 * * *")
+        assert tick_schedules(now=ts("2024-01-01 00:02:00")) == 0
+    assert len(jobs()) == 1
+
+
+def test_a_row_written_by_the_seed_has_no_expression_and_is_treated_as_changed():
+    # rust-web-server inserts (name, next_run_at) only.
+    with connection.cursor() as c:
+        c.execute("INSERT INTO rws_job_schedules (name, next_run_at) VALUES (%s, %s)",
+                  ["m", ts("2024-01-01 03:00:00")])
+    with with_schedules(m=MINUTELY):
+        assert tick_schedules(now=ts("2024-01-01 00:00:30")) == 0
+        assert row("m") == (ts("2024-01-01 00:01:00"), "0 * * * * *")
+    assert jobs() == []
+
+
+def test_a_due_time_that_has_passed_runs_once_even_if_the_expression_changed():
+    # A seed row whose due time has come (say the Rust replicas stopped): it runs once, like any
+    # missed due time, and the row now carries the expression.
+    with connection.cursor() as c:
+        c.execute("INSERT INTO rws_job_schedules (name, next_run_at) VALUES (%s, %s)",
+                  ["m", ts("2024-01-01 00:00:10")])
+    with with_schedules(m=MINUTELY):
+        assert tick_schedules(now=ts("2024-01-01 00:00:30")) == 1
+        assert tick_schedules(now=ts("2024-01-01 00:00:31")) == 0
+    assert row("m") == (ts("2024-01-01 00:01:00"), "0 * * * * *")
+    assert len(jobs()) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_failing_schedule_does_not_stop_the_others_and_loses_nothing(caplog):
+    due = ts("2024-01-01 00:01:00")
+    for name in ("a-bad", "b-good"):
+        JobSchedule.objects.create(name=name, next_run_at=due, cron="0 * * * * *")
+    bad = Schedule("a-bad", "0 * * * * *", "test.record", None)  # enqueue refuses a None payload
+    good = Schedule("b-good", "0 * * * * *", "test.record", "good")
+    with caplog.at_level(logging.ERROR, logger="django_rws_jobs"):
+        assert tick_schedules(now=due, schedules=[bad, good]) == 1
+    assert jobs() == [("test.record", "good", "default", 0, 3)]
+    assert row("b-good")[0] == ts("2024-01-01 00:02:00")
+    # The claim and the enqueue are one transaction: the failed enqueue left the due time unclaimed.
+    assert row("a-bad")[0] == due
+    assert "schedule 'a-bad' failed" in caplog.text and "payload must be a str" in caplog.text
+
+
+def test_inside_a_callers_transaction_a_database_error_does_not_spoil_the_others():
+    due = ts("2024-01-01 00:01:00")
+    JobSchedule.objects.create(name="b-good", next_run_at=due, cron="0 * * * * *")
+    # A name longer than the column: a database error on PostgreSQL and MySQL, which would abort
+    # the whole transaction without a savepoint.
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite stores a name of any length")
+    bad = Schedule("a" * 300, "0 * * * * *", "test.record", "bad")
+    good = Schedule("b-good", "0 * * * * *", "test.record", "good")
+    with transaction.atomic():
+        assert tick_schedules(now=due, schedules=[bad, good]) == 1
+    assert jobs("good") == [("test.record", "good", "default", 0, 3)]
+
+
+def test_rows_no_longer_declared_are_left_alone_and_reported():
+    JobSchedule.objects.create(name="gone", next_run_at=ts("2024-01-01 00:00:10"), cron="0 * * * * *")
+    with with_schedules(m=MINUTELY):
+        assert tick_schedules(now=ts("2024-01-01 00:00:30")) == 0
+        assert row("gone") == (ts("2024-01-01 00:00:10"), "0 * * * * *")
+        assert [r.name for r in undeclared_rows()] == ["gone"]
+    assert jobs() == []
+
+
+# -- declaring schedules ---------------------------------------------------------------------------
+
+def test_settings_and_job_decorator_schedules_make_one_list(temp_jobs):
+    temp_jobs("tests.sched.plain", schedule="0 0 3 * * *")
+    temp_jobs("tests.sched.many", queue="low", schedule=[
+        {"name": "many-a", "cron": "0 0 4 * * *", "payload": "a", "priority": 2},
+        {"name": "many-b", "cron": "@hourly"},
+    ])
+    with with_schedules(m=MINUTELY):
+        schedules, errors = declared()
+    assert errors == []
+    assert [(s.name, s.cron, s.job_type, s.payload, s.options, s.source) for s in schedules] == [
+        ("m", "0 * * * * *", "test.record", "m", {}, "RWS_JOBS['SCHEDULES']"),
+        ("tests.sched.plain", "0 0 3 * * *", "tests.sched.plain", "", {}, "@job('tests.sched.plain')"),
+        ("many-a", "0 0 4 * * *", "tests.sched.many", "a", {"priority": 2}, "@job('tests.sched.many')"),
+        ("many-b", "@hourly", "tests.sched.many", "", {}, "@job('tests.sched.many')"),
+    ]
+    # The job_type's own defaults (queue="low") apply to the jobs its schedule enqueues.
+    JobSchedule.objects.create(name="many-a", next_run_at=ts("2024-01-01 04:00:00"), cron="0 0 4 * * *")
+    with with_schedules():
+        assert tick_schedules(now=ts("2024-01-01 04:00:00")) == 1
+    assert jobs() == [("tests.sched.many", "a", "low", 2, 3)]
+
+
+def _check(**schedules):
+    with with_schedules(**schedules):
+        return [(m.id, m.msg) for m in checks.run_checks(tags=["rws_jobs"]) if m.id.startswith("rws_jobs.E1")]
+
+
+@pytest.mark.parametrize("entry, check_id, message", [
+    ({"cron": "0 0 25 * * *", "job_type": "test.record"}, "rws_jobs.E101",
+     "schedule 'x': cron expression '0 0 25 * * *': hour 25 is out of range 0-23"),
+    ({"cron": "* * * *", "job_type": "test.record"}, "rws_jobs.E101",
+     "schedule 'x': cron expression '* * * *' has 4 fields; it needs 6 "
+     "(second minute hour day-of-month month day-of-week), or 5 without the second"),
+    ({"cron": 5, "job_type": "test.record"}, "rws_jobs.E101",
+     "schedule 'x': cron expression 5 must be a string, not int"),
+    ({"cron": ["* * * * * *"], "job_type": "test.record"}, "rws_jobs.E101",
+     "schedule 'x': cron expression ['* * * * * *'] must be a string, not list"),
+    ({"cron": "0 0 0 30 2 *", "job_type": "test.record"}, "rws_jobs.E102",
+     "schedule 'x': cron expression '0 0 0 30 2 *' never fires: day-of-month '30' never occurs in month '2'"),
+    ({"cron": "0 0 3 * * *", "job_type": "reports.nightly"}, "rws_jobs.E103",
+     "schedule 'x': job_type 'reports.nightly' has no registered handler; "
+     "register one with @job('reports.nightly') in a jobs.py module"),
+    ("0 0 3 * * *", "rws_jobs.E104",
+     "schedule 'x': must be a dict with 'cron' and 'job_type' (optional: payload, queue, priority, max_retries, "
+     "unique), got str '0 0 3 * * *'"),
+    ({"cron": "0 0 3 * * *"}, "rws_jobs.E104", "schedule 'x': needs 'job_type'"),
+    ({"cron": "0 0 3 * * *", "job_type": "test.record", "run_in": 5}, "rws_jobs.E104",
+     "schedule 'x': unknown key(s) 'run_in'; the keys are cron, job_type, payload, queue, priority, "
+     "max_retries, unique"),
+    ({"cron": "0 0 3 * * *", "job_type": "test.record", "payload": b"x"}, "rws_jobs.E104",
+     "schedule 'x': payload must be a str, got bytes b'x'"),
+    ({"cron": "0 0 3 * * *", "job_type": "test.record", "priority": "high"}, "rws_jobs.E104",
+     "schedule 'x': priority must be an int, got str 'high'"),
+    ({"cron": "0 0 3 * * *", "job_type": "test.record", "max_retries": -1}, "rws_jobs.E104",
+     "schedule 'x': max_retries -1 is out of range; it must be between 0 and 2147483647"),
+    ({"cron": "0 0 3 * * *", "job_type": "test.record", "queue": "q" * 65}, "rws_jobs.E104",
+     "schedule 'x': queue name 'qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqq...' is 65 characters; the limit is 64"),
+    ({"cron": "0 0 3 * * *", "job_type": 7}, "rws_jobs.E104",
+     "schedule 'x': job_type must be a str, got int 7"),
+])
+def test_each_bad_schedule_is_a_check_error_naming_it(entry, check_id, message):
+    assert _check(ok=MINUTELY, x=entry) == [(check_id, message)]
+
+
+def test_every_problem_of_one_schedule_is_reported():
+    assert _check(x={"cron": "0 0 24 * * *", "job_type": "nope", "payload": None}) == [
+        ("rws_jobs.E101", "schedule 'x': cron expression '0 0 24 * * *': hour 24 is out of range 0-23"),
+        ("rws_jobs.E104", "schedule 'x': payload must be a str, got NoneType None"),
+    ]
+
+
+def test_a_bad_name_is_a_check_error():
+    assert _check(**{"n" * 192: MINUTELY}) == [
+        ("rws_jobs.E104", f"schedule {'n' * 192!r}: the name must be a string of 1 to 191 characters "
+                          "(declared in RWS_JOBS['SCHEDULES'])"),
+    ]
+
+
+def test_duplicate_names_are_check_errors_and_neither_runs(temp_jobs):
+    temp_jobs("tests.sched.dup1", schedule={"name": "m", "cron": "0 0 3 * * *"})
+    assert _check(m=MINUTELY) == [
+        ("rws_jobs.E105", "schedule 'm': is declared 2 times (RWS_JOBS['SCHEDULES'], @job('tests.sched.dup1')); "
+                          "schedule names must be unique"),
+    ]
+    temp_jobs("tests.sched.dup2", schedule=["0 0 4 * * *", {"name": "m", "cron": "@daily"}])
+    assert _check() == [
+        ("rws_jobs.E105", "schedule 'm': is declared 2 times (@job('tests.sched.dup1'), @job('tests.sched.dup2')); "
+                          "schedule names must be unique"),
+    ]
+    with with_schedules():
+        assert [s.name for s in declared()[0]] == ["tests.sched.dup2"]
+    temp_jobs("tests.sched.dup3", schedule=["0 0 4 * * *", "0 0 5 * * *"])
+    assert ("rws_jobs.E105", "schedule 'tests.sched.dup3': is declared 2 times (@job('tests.sched.dup3'), "
+                             "@job('tests.sched.dup3')); schedule names must be unique") in _check()
+
+
+def test_a_bad_schedule_on_the_decorator_is_a_check_error_too(temp_jobs):
+    temp_jobs("tests.sched.bad", schedule="0 0 0 31 4 *")
+    temp_jobs("tests.sched.shape", schedule=42)
+    assert _check() == [
+        ("rws_jobs.E102", "schedule 'tests.sched.bad': cron expression '0 0 0 31 4 *' never fires: "
+                          "day-of-month '31' never occurs in month '4'"),
+        ("rws_jobs.E104", "schedule 'tests.sched.shape': must be a dict with 'cron' and 'job_type' (optional: "
+                          "payload, queue, priority, max_retries, unique), got int 42"),
+    ]
+
+
+def test_rws_worker_refuses_to_start_with_the_check_messages():
+    from tests.settings_bad_schedules import SCHEDULES
+
+    expected = _check(**SCHEDULES)
+    assert sorted(i for i, _ in expected) == ["rws_jobs.E101", "rws_jobs.E102", "rws_jobs.E103", "rws_jobs.E104"]
+    env = subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings_bad_schedules")
+    proc = subprocess.run([sys.executable, "-m", "django", "rws_worker", "--burst"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "SystemCheckError" in proc.stderr
+    for check_id, message in expected:
+        assert f"({check_id}) {message}" in proc.stderr
+
+
+def test_rws_schedules_lists_declared_schedules_and_stray_rows():
+    now = int(time.time())
+    nightly = {"cron": "0 0 3 * * *", "job_type": "test.record"}
+    JobSchedule.objects.create(name="m", next_run_at=now + 3600, cron="0 * * * * *")
+    JobSchedule.objects.create(name="old", next_run_at=1704067200, cron=None)
+    out = io.StringIO()
+    with with_schedules(m=MINUTELY, nightly=nightly):
+        call_command("rws_schedules", stdout=out)
+    text = out.getvalue()
+    at = dt.datetime.fromtimestamp(now + 3600, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    assert re.search(rf"^  m +0 \* \* \* \* \* +test.record +{at} \(in (1 h|59 min 59 s)\)$", text, re.M), text
+    assert re.search(r"^  nightly +0 0 3 \* \* \* +test.record +\d{4}-\d\d-\d\d 03:00:00 \(in .*\), once a worker "
+                     r"has seen it$", text, re.M), text
+    assert "Rows no schedule here declares" in text
+    assert re.search(r"^  old +\(none stored: a rust-web-server row\) +2024-01-01 00:00:00 \(\d+ d .*ago\)$",
+                     text, re.M), text
+
+    err = io.StringIO()
+    with with_schedules(m={**MINUTELY, "cron": "61 * * * * *"}), pytest.raises(CommandError, match="1 schedule error"):
+        call_command("rws_schedules", stdout=io.StringIO(), stderr=err)
+    assert "schedule 'm': cron expression '61 * * * * *': second 61 is out of range 0-59 (rws_jobs.E101)" in err.getvalue()
+
+
+def test_the_scheduler_thread_stays_alive_without_schedules_until_stopped():
+    stop = threading.Event()
+    with with_schedules():
+        t = threading.Thread(target=scheduler_loop, args=(stop, "default"), daemon=True)
+        t.start()
+        t.join(0.3)
+        assert t.is_alive()  # returning early would make the worker restart it in a busy loop
+        stop.set()
+        t.join(5)
+    assert not t.is_alive()
+
+
+# -- real processes --------------------------------------------------------------------------------
+
+RACE_CODE = """
+import os, time
+from pathlib import Path
+from django_rws_jobs.models import JobSchedule
+from django_rws_jobs.schedules import tick_schedules, valid_schedules
+race = [s for s in valid_schedules() if s.name == "race"]
+assert race, "no 'race' schedule in settings"
+JobSchedule.objects.filter(name="race").exists()  # connect before the start line
+here = Path({dir!r})
+(here / f"ready-{{os.getpid()}}").touch()
+while not (here / "go").exists():
+    time.sleep(0.002)
+start = float((here / "go").read_text())
+while time.time() < start:
+    pass
+print("enqueued", tick_schedules(now={now}, schedules=race))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_six_processes_ticking_the_same_due_time_enqueue_one_job(tmp_path):
+    due = ts("2024-01-01 01:00:00")  # a due time of the hourly "race" schedule
+    JobSchedule.objects.create(name="race", next_run_at=due, cron="0 0 * * * *")
+    env = subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings_schedules")
+    procs = [run_python(RACE_CODE.format(dir=str(tmp_path), now=due + 30), env=env) for _ in range(6)]
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("ready-*"))) < 6:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), "a child did not get ready"
+        time.sleep(0.01)
+    (tmp_path / "go.tmp").write_text(str(time.time() + 0.2))
+    os.replace(tmp_path / "go.tmp", tmp_path / "go")
+    outputs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, outputs
+    counts = [int(re.search(r"^enqueued (\d+)$", out, re.M).group(1)) for out in outputs]
+    assert sorted(counts) == [0, 0, 0, 0, 0, 1], outputs
+    assert jobs("race") == [("test.record", "race", "default", 0, 3)]
+    assert row("race") == (ts("2024-01-01 02:00:00"), "0 0 * * * *")
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_enqueue_each_due_second_once(runs):
+    env = subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings_schedules", RWS_LOG_LEVEL="INFO")
+    first = int(time.time()) + 2
+    JobSchedule.objects.create(name="every-second", next_run_at=first, cron="*/1 * * * * *")
+    workers = [start_worker("--workers", "2", env=env) for _ in range(2)]
+    try:
+        time.sleep(max(first + 5.5 - time.time(), 0))  # real processes for five due seconds
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+    outputs = [w.communicate(timeout=60)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+
+    claimed = [int(t) for out in outputs for t in re.findall(r"schedule 'every-second' due at (\d+) enqueued", out)]
+    assert len(claimed) == len(set(claimed)), f"a due second was enqueued twice: {sorted(claimed)}"
+    enqueued = len(jobs("tick")) + len([r for r in runs() if r[1] == "tick"])
+    assert enqueued == len(claimed)
+    last = row("every-second")[0]
+    # Each claim moves the due time on by at least a second, so more jobs than seconds means a
+    # second was enqueued twice; fewer than seconds - 1 means the scheduler fell behind.
+    assert last - first - 1 <= enqueued <= last - first, (first, last, sorted(claimed))
+    assert 5 <= last - first <= 7
+    assert all(first <= t < last for t in claimed)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_worker_ticks_schedules_only_when_asked(runs):
+    env = subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings_schedules")
+    overdue = int(time.time()) - 10
+    JobSchedule.objects.create(name="every-second", next_run_at=overdue, cron="*/1 * * * * *")
+
+    proc = start_worker("--burst", env=env)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
+    assert row("every-second")[0] == overdue
+    assert row("race") is None  # not even seen
+    assert jobs() == [] and runs() == []
+
+    proc = start_worker("--burst", "--schedules", env=env)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
+    assert row("every-second")[0] > overdue
+    assert row("race") is not None
+    assert len(jobs("tick")) + len(runs()) >= 1
