@@ -140,7 +140,7 @@ def _parse(expr: str) -> Cron:
         fields = ["0", *fields]
     elif len(fields) != 6:
         raise CronError(
-            f"cron expression {expr!r} has {len(fields)} fields; it needs 6 "
+            f"cron expression {expr!r} has {len(fields)} field{'s' if len(fields) > 1 else ''}; it needs 6 "
             "(second minute hour day-of-month month day-of-week), or 5 without the second"
         )
     sets = [_field(expr, spec, value) for spec, value in zip(FIELDS, fields)]
