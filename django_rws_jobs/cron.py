@@ -79,7 +79,7 @@ class Cron:
     def croniter_expr(self) -> str:
         """The same sets as a six-field, seconds-first expression of plain numbers."""
         parts = []
-        for (_, lo, hi), values in zip(FIELDS, self._sets()):
+        for (_, lo, hi), values in zip(FIELDS, self._sets(), strict=True):
             full = values == frozenset(range(lo, hi + 1))
             parts.append("*" if full else ",".join(str(v) for v in sorted(values)))
         return " ".join(parts)
@@ -130,7 +130,8 @@ def _parse(expr: str) -> Cron:
     if not text:
         raise CronError(f"cron expression {expr!r} is empty")
     if len(text) > MAX_LENGTH:
-        raise CronError(f"cron expression {text[:40] + '...'!r} is {len(text)} characters; the limit is {MAX_LENGTH}")
+        short = text[:40] + "..."
+        raise CronError(f"cron expression {short!r} is {len(text)} characters; the limit is {MAX_LENGTH}")
     fields = text.split(" ")
     if text.startswith("@"):
         if len(fields) != 1 or text.lower() not in ALIASES:
@@ -143,14 +144,13 @@ def _parse(expr: str) -> Cron:
             f"cron expression {expr!r} has {len(fields)} field{'s' if len(fields) > 1 else ''}; it needs 6 "
             "(second minute hour day-of-month month day-of-week), or 5 without the second"
         )
-    sets = [_field(expr, spec, value) for spec, value in zip(FIELDS, fields)]
+    sets = [_field(expr, spec, value) for spec, value in zip(FIELDS, fields, strict=True)]
     cron = Cron(text, *sets)
     if not any(day <= MONTH_DAYS[month] for month in cron.month for day in cron.day):
         # Every date that exists falls on every weekday within 400 years, so only day-of-month
         # against month can make an expression never fire.
-        raise CronNeverFires(
-            f"cron expression {expr!r} never fires: day-of-month {fields[3]!r} never occurs in month {fields[4]!r}"
-        )
+        raise CronNeverFires(f"cron expression {expr!r} never fires: "
+                             f"day-of-month {fields[3]!r} never occurs in month {fields[4]!r}")
     return cron
 
 
@@ -163,7 +163,8 @@ def _field(expr: str, spec: tuple[str, int, int], field: str) -> frozenset[int]:
         m = _ITEM.match(item)
         if m is None or (m["step"] is not None and m["lo"] is not None and m["hi"] is None):
             hint = f" ({'jan-dec' if name == 'month' else 'sun-sat'} work too)" if names else ""
-            raise CronError(f"cron expression {expr!r}: cannot read the {name} field {field!r}; {_ITEM_HELP}{hint}")
+            raise CronError(f"cron expression {expr!r}: cannot read the {name} field {field!r}; "
+                            f"{_ITEM_HELP}{hint}")
         if m["star"]:
             start, end = lo, hi
         else:

@@ -75,10 +75,11 @@ def declared() -> tuple[list[Schedule], list[ScheduleError]]:
     """
     configured = jobs_settings.SCHEDULES
     if not isinstance(configured, dict):
-        return [], [ScheduleError(SETTINGS, f"must be a dict of name -> schedule, got {type(configured).__name__}",
-                                  "rws_jobs.E010")]
+        message = f"must be a dict of name -> schedule, got {type(configured).__name__}"
+        return [], [ScheduleError(SETTINGS, message, "rws_jobs.E010")]
     entries = [(name, entry, SETTINGS) for name, entry in configured.items()]
-    entries += [(name, entry, f"@job({job_type!r})") for job_type, name, entry in registry.schedule_declarations()]
+    for job_type, name, entry in registry.schedule_declarations():
+        entries.append((name, entry, f"@job({job_type!r})"))
 
     errors: list[ScheduleError] = []
     sources: dict[str, list[str]] = defaultdict(list)
@@ -169,10 +170,20 @@ def tick_schedules(now: int | None = None, *, using: str | None = None,
     """
     alias = queue_alias(using)
     now = int(time.time()) if now is None else int(now)
+    schedules = valid_schedules() if schedules is None else schedules
+    if not schedules:
+        return 0
+    # One read for all of them: when nothing is due, a tick costs this one query.
+    try:
+        stored = {name: (due, expr) for name, due, expr in JobSchedule.objects.using(alias)
+                  .filter(name__in=[s.name for s in schedules]).values_list("name", "next_run_at", "cron")}
+    except DatabaseError as exc:
+        logger.warning("schedules: database error at %d: %s", now, exc)
+        return 0
     enqueued = 0
-    for schedule in valid_schedules() if schedules is None else schedules:
+    for schedule in schedules:
         try:
-            enqueued += _tick_one(schedule, now, alias)
+            enqueued += _tick_one(schedule, stored.get(schedule.name), now, alias)
         except DatabaseError as exc:
             logger.warning("schedule %r: database error at %d: %s", schedule.name, now, exc)
         except Exception:
@@ -180,15 +191,15 @@ def tick_schedules(now: int | None = None, *, using: str | None = None,
     return enqueued
 
 
-def _tick_one(schedule: Schedule, now: int, alias: str) -> int:
+def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, alias: str) -> int:
+    """Tick one schedule whose row read (next_run_at, cron) or None; return 1 if it enqueued."""
     from .api import enqueue
 
     expr = cron.parse(schedule.cron)
     nxt = expr.next_after(now)
     rows = JobSchedule.objects.using(alias)
-    # Every write below is in an atomic block of its own, so that inside a caller's transaction a
+    # Every write is in an atomic block of its own, so that inside a caller's transaction a
     # database error in one schedule rolls back to a savepoint and spares the others.
-    row = rows.filter(name=schedule.name).values_list("next_run_at", "cron").first()
     if row is None:
         try:
             with transaction.atomic(using=alias):
@@ -206,7 +217,8 @@ def _tick_one(schedule: Schedule, now: int, alias: str) -> int:
                 changed = rows.filter(name=schedule.name, next_run_at=due, cron=stored).update(
                     next_run_at=nxt, cron=expr.text)
             if changed:
-                logger.info("schedule %r is now %r (was %r); next due at %d", schedule.name, expr.text, stored, nxt)
+                logger.info("schedule %r is now %r (was %r); next due at %d",
+                            schedule.name, expr.text, stored, nxt)
         return 0
     # Due (whatever expression stored it): claim this due time, and enqueue in the same transaction.
     with transaction.atomic(using=alias):
@@ -225,7 +237,8 @@ def undeclared_rows(using: str | None = None) -> list[JobSchedule]:
     """
     schedules, errors = declared()
     names = {s.name for s in schedules} | {e.name for e in errors if isinstance(e.name, str)}
-    return [row for row in JobSchedule.objects.using(queue_alias(using)).order_by("name") if row.name not in names]
+    rows = JobSchedule.objects.using(queue_alias(using)).order_by("name")
+    return [row for row in rows if row.name not in names]
 
 
 def scheduler_loop(stop: threading.Event, alias: str) -> None:

@@ -41,7 +41,8 @@ def following(expr: str, start: str, n: int = 1) -> list[str]:
                                              "2112-02-29 00:00:00 Mon"]),
     # Every 15 seconds.
     ("*/15 * * * * *", "2024-01-01 12:00:00",
-     ["2024-01-01 12:00:15 Mon", "2024-01-01 12:00:30 Mon", "2024-01-01 12:00:45 Mon", "2024-01-01 12:01:00 Mon"]),
+     ["2024-01-01 12:00:15 Mon", "2024-01-01 12:00:30 Mon", "2024-01-01 12:00:45 Mon",
+      "2024-01-01 12:01:00 Mon"]),
     ("*/15 * * * * *", "2024-01-01 12:00:14", ["2024-01-01 12:00:15 Mon"]),
     ("*/15 * * * * *", "2024-12-31 23:59:59", ["2025-01-01 00:00:00 Wed"]),
     # Weekdays, on the hour from 9 to 17.
@@ -53,7 +54,8 @@ def following(expr: str, start: str, n: int = 1) -> list[str]:
     ("0 0 3 * * *", "2024-01-01 03:00:00", ["2024-01-02 03:00:00 Tue"]),
     # Extensions: N-M/S, 7 = Sunday, names, five fields, aliases.
     ("0 10-50/20 * * * *", "2024-01-01 00:00:00",
-     ["2024-01-01 00:10:00 Mon", "2024-01-01 00:30:00 Mon", "2024-01-01 00:50:00 Mon", "2024-01-01 01:10:00 Mon"]),
+     ["2024-01-01 00:10:00 Mon", "2024-01-01 00:30:00 Mon", "2024-01-01 00:50:00 Mon",
+      "2024-01-01 01:10:00 Mon"]),
     ("0 0 0 * * 7", "2024-01-01 00:00:00", ["2024-01-07 00:00:00 Sun"]),
     ("0 0 0 * * 0", "2024-01-01 00:00:00", ["2024-01-07 00:00:00 Sun"]),
     ("0 0 0 1 JAN,jul *", "2024-02-01 00:00:00", ["2024-07-01 00:00:00 Mon", "2025-01-01 00:00:00 Wed"]),
@@ -78,7 +80,8 @@ def test_whitespace_is_normalised_and_text_kept_as_written():
 
 
 def test_every_second():
-    assert following("* * * * * *", "2024-01-01 00:00:00", 2) == ["2024-01-01 00:00:01 Mon", "2024-01-01 00:00:02 Mon"]
+    assert following("* * * * * *", "2024-01-01 00:00:00", 2) == [
+        "2024-01-01 00:00:01 Mon", "2024-01-01 00:00:02 Mon"]
     assert following("*/1 * * * * *", "2024-01-01 00:00:59") == ["2024-01-01 00:01:00 Mon"]
 
 
@@ -123,7 +126,8 @@ def test_every_second():
     (None, "cron expression None must be a string, not NoneType"),
     (5, "cron expression 5 must be a string, not int"),
     (["* * * * * *"], "cron expression ['* * * * * *'] must be a string, not list"),
-    ("* " * 200, "cron expression '* * * * * * * * * * * * * * * * * * * * ...' is 399 characters; the limit is 255"),
+    ("* " * 200,
+     "cron expression '* * * * * * * * * * * * * * * * * * * * ...' is 399 characters; the limit is 255"),
 ])
 def test_malformed(expr, message):
     with pytest.raises(CronError) as info:
@@ -133,10 +137,12 @@ def test_malformed(expr, message):
 
 
 @pytest.mark.parametrize("expr, message", [
-    ("0 0 0 30 2 *", "cron expression '0 0 0 30 2 *' never fires: day-of-month '30' never occurs in month '2'"),
+    ("0 0 0 30 2 *",
+     "cron expression '0 0 0 30 2 *' never fires: day-of-month '30' never occurs in month '2'"),
     ("0 0 0 31 4,6,9,11 *",
      "cron expression '0 0 0 31 4,6,9,11 *' never fires: day-of-month '31' never occurs in month '4,6,9,11'"),
-    ("0 0 30-31 feb *", "cron expression '0 0 30-31 feb *' never fires: day-of-month '30-31' never occurs in month 'feb'"),
+    ("0 0 30-31 feb *",
+     "cron expression '0 0 30-31 feb *' never fires: day-of-month '30-31' never occurs in month 'feb'"),
 ])
 def test_never_fires(expr, message):
     with pytest.raises(CronNeverFires) as info:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -22,7 +23,7 @@ def _when(t: int, now: int) -> str:
 
 
 def _span(seconds: int) -> str:
-    parts = []
+    parts: list[str] = []
     for unit, name in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
         if seconds >= unit or (unit == 1 and not parts):
             n, seconds = divmod(seconds, unit)
@@ -30,15 +31,16 @@ def _span(seconds: int) -> str:
     return " ".join(parts[:2])
 
 
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
+def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1] for row in rows]
+    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+            for row in rows]
 
 
 class Command(BaseCommand):
     help = ("List the cron schedules declared in RWS_JOBS['SCHEDULES'] and on @job(schedule=...) with their "
             "next due time (UTC), the rows of rws_job_schedules that no schedule here declares, and errors.")
-    requires_system_checks: list[str] = []  # it shows schedule errors itself, with the schedules
+    requires_system_checks = []  # it shows schedule errors itself
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
@@ -54,7 +56,7 @@ class Command(BaseCommand):
 
         if schedules:
             self.stdout.write("Declared schedules (UTC):")
-            table = [("NAME", "CRON", "JOB TYPE", "NEXT DUE")]
+            table: list[tuple[str, ...]] = [("NAME", "CRON", "JOB TYPE", "NEXT DUE")]
             for s in schedules:
                 table.append((s.name, s.cron, s.job_type, self._next_due(s, stored.get(s.name), now)))
             self.stdout.write("\n".join(_table(table)))
@@ -66,16 +68,17 @@ class Command(BaseCommand):
         stray = [row for name, row in stored.items() if name not in declared_names]
         if stray:
             self.stdout.write("\nRows no schedule here declares (left alone; delete a row to forget it):")
-            table = [("NAME", "CRON", "NEXT DUE")]
+            strays: list[tuple[str, ...]] = [("NAME", "CRON", "NEXT DUE")]
             for row in stray:
                 cron = row.cron if row.cron is not None else "(none stored: a rust-web-server row)"
-                table.append((row.name, cron, _when(row.next_run_at, now)))
-            self.stdout.write("\n".join(_table(table)))
+                strays.append((row.name, cron, _when(row.next_run_at, now)))
+            self.stdout.write("\n".join(_table(strays)))
 
         if errors:
             for error in errors:
                 self.stderr.write(f"{error} ({error.check_id})")
-            raise CommandError(f"{len(errors)} schedule error(s); workers refuse to start until they are fixed")
+            raise CommandError(f"{len(errors)} schedule error(s); workers refuse to start until they are "
+                               "fixed")
 
     def _next_due(self, schedule: Any, row: JobSchedule | None, now: int) -> str:
         if row is None:
