@@ -91,6 +91,15 @@ def test_due_enqueues_once_with_its_payload_and_options():
     assert len(jobs()) == 2
 
 
+def test_a_unique_schedule_skips_runs_while_its_last_job_is_pending():
+    JobSchedule.objects.create(name="m", next_run_at=ts("2024-01-01 00:01:00"), cron="0 * * * * *")
+    with with_schedules(m={**MINUTELY, "unique": "minutely"}):
+        tick_schedules(now=ts("2024-01-01 00:01:00"))
+        tick_schedules(now=ts("2024-01-01 00:02:00"))
+    assert row("m")[0] == ts("2024-01-01 00:03:00")
+    assert jobs() == [("test.record", "m", "default", 0, 3)]
+
+
 def test_not_due_yet():
     JobSchedule.objects.create(name="m", next_run_at=ts("2024-01-01 00:01:00"), cron="0 * * * * *")
     with with_schedules(m=MINUTELY):
