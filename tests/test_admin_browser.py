@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib import admin
+from django.db import connections
 
 import django_rws_jobs as rws
 from django_rws_jobs.models import Job
@@ -42,7 +43,7 @@ def page(live_server, settings, django_user_model):
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            context = browser.new_context(viewport={"width": 1280, "height": 800})
+            context = browser.new_context(viewport={"width": 1440, "height": 800})
             page = context.new_page()
             page.set_default_timeout(15_000)
             page.goto(f"{live_server.url}/admin/login/")
@@ -50,9 +51,15 @@ def page(live_server, settings, django_user_model):
             page.fill("#id_password", "admin")
             page.click("input[type=submit]")
             page.wait_for_selector("#site-name")
+            # The admin's nav sidebar closed, as its toggle leaves it: room for the tables.
+            page.evaluate("localStorage.setItem('django.admin.navSidebarIsOpen', 'false')")
             yield page
         finally:
             browser.close()
+            # The test's ORM calls inside sync_playwright() run in another context (greenlet), so
+            # Django hands them another connection; close it, or PostgreSQL cannot drop the test
+            # database at the end ("is being accessed by other users").
+            connections.close_all()
 
 
 def dead_jobs(*payloads: str, queue: str = "default") -> list[str]:

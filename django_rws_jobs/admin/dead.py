@@ -59,7 +59,7 @@ def _selection(request: HttpRequest, queryset: QuerySet[Any]) -> tuple[list[str]
 
 @admin.register(FailedJob)
 class FailedJobAdmin(JobDisplay, QueueDatabaseAdmin):
-    list_display = ("id", "job_type", "queue", "runs", "failed", "error")
+    list_display = ("id", "job_type", "queue", "failed", "error", "runs")
     list_filter = ("queue", "job_type")
     # Rows a seed writer failed carry no failed_at; they sort after the ones we timed.
     ordering = (F("failed_at").desc(nulls_last=True), "-next_run_at", "-id")

@@ -124,7 +124,7 @@ class JobDisplay:
 class JobAdmin(JobDisplay, QueueDatabaseAdmin):
     """Every job, view only: jobs change through the queue's API, the worker and the dead-letter list."""
 
-    list_display = ("id", "job_type", "status", "queue", "priority", "runs", "due", "created", "error")
+    list_display = ("id", "job_type", "status", "queue", "runs", "due", "created", "error")
     list_filter = ("status", DueFilter, "queue", "job_type")
     ordering = ("-created_at", "-id")
     actions = None
