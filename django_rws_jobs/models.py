@@ -87,9 +87,9 @@ class Job(models.Model):
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
         indexes = [
-            # The claim and the empty poll: a range scan over due rows only, so future rows cost
-            # nothing; the few due rows are then ordered by priority.
-            models.Index(fields=["status", "next_run_at"], name="rws_jobs_due_idx"),
+            # The claim: for each priority band, due rows in order are one range that LIMIT stops,
+            # and the next band is one probe (see store.Store.claim); future rows lie past it.
+            models.Index(fields=["status", "priority", "next_run_at", "created_at", "id"], name="rws_jobs_claim_idx"),
             # Lease recovery: running rows whose lease ran out.
             models.Index(fields=["status", "locked_until"], name="rws_jobs_lease_idx"),
         ]

@@ -18,6 +18,7 @@ CLAIM_COLUMNS = (
     "id, job_type, payload, queue, priority, attempts, max_retries, next_run_at, created_at, unique_key"
 )
 ORDER = "priority DESC, next_run_at ASC, created_at ASC, id ASC"
+CLAIM_SET = "status = 'running', locked_by = %s, locked_until = %s, started_at = %s"
 
 
 @dataclass
@@ -48,14 +49,22 @@ def _queue_filter(queues: Sequence[str] | None) -> tuple[str, list[Any]]:
     return f" AND queue IN ({', '.join(['%s'] * len(queues))})", list(queues)
 
 
-def due_select(columns: str, queues: Sequence[str] | None, now: int, limit: int) -> tuple[str, list[Any]]:
-    """The claim's candidate query: due jobs in queue order (what the indexes must serve)."""
+def band_select(columns: str, queues: Sequence[str] | None, priority: int, now: int,
+                limit: int) -> tuple[str, list[Any]]:
+    """Due jobs of one priority, oldest first: one range of the claim index, stopped by LIMIT."""
     qsql, qparams = _queue_filter(queues)
     return (
-        f"SELECT {columns} FROM rws_jobs WHERE status = 'pending' AND next_run_at <= %s{qsql} "
-        f"ORDER BY {ORDER} LIMIT %s",
-        [now, *qparams, limit],
+        f"SELECT {columns} FROM rws_jobs WHERE status = 'pending' AND priority = %s AND next_run_at <= %s{qsql} "
+        f"ORDER BY next_run_at ASC, created_at ASC, id ASC LIMIT %s",
+        [priority, now, *qparams, limit],
     )
+
+
+def top_priority_select(queues: Sequence[str] | None, below: int | None) -> tuple[str, list[Any]]:
+    """The highest priority among pending jobs (below ``below``): one probe of the claim index."""
+    qsql, qparams = _queue_filter(queues)
+    bound, bparams = (" AND priority < %s", [below]) if below is not None else ("", [])
+    return f"SELECT MAX(priority) FROM rws_jobs WHERE status = 'pending'{bound}{qsql}", [*bparams, *qparams]
 
 
 class Store:
@@ -70,31 +79,42 @@ class Store:
     def claim(
         self, token: str, now: int, lease_until: int, queues: Sequence[str] | None, limit: int
     ) -> list[Claimed]:
-        """Atomically take up to ``limit`` due jobs, in queue order, leased to ``token``."""
-        sets = "status = 'running', locked_by = %s, locked_until = %s, started_at = %s"
-        set_params = [token, lease_until, now]
-        if self.vendor == "mysql":
-            rows = self._claim_mysql(sets, set_params, queues, now, limit)
-        else:
-            select, params = due_select("id", queues, now, limit)
-            lock = " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
-            with self.conn.cursor() as c:
-                c.execute(
-                    f"UPDATE rws_jobs SET {sets} WHERE id IN ({select}{lock}) RETURNING {CLAIM_COLUMNS}",
-                    [*set_params, *params],
-                )
-                rows = c.fetchall()
-            # RETURNING does not keep the subquery's order.
-            rows.sort(key=lambda r: (-r[4], r[7], r[8], r[0]))
-        return [Claimed(*row, token=token) for row in rows]
+        """Atomically take up to ``limit`` due jobs, in queue order, leased to ``token``.
 
-    def _claim_mysql(self, sets: str, set_params: list[Any], queues: Sequence[str] | None,
-                     now: int, limit: int) -> list[tuple]:
-        """InnoDB locks every row a sorted FOR UPDATE reads before its LIMIT applies, so one claimer
-        would lock all due rows and the others would skip them all. Instead: read the first due
-        ids without locking, then lock them one by one (SKIP LOCKED) until ``limit`` are ours;
+        Jobs are taken priority band by priority band, highest first: the claim index
+        ``(status, priority, next_run_at, created_at, id)`` makes each band a range that stops at
+        LIMIT, and finding the next band one probe, so neither many due rows (no sort) nor many
+        future rows (they lie past the range) slow a claim down.
+        """
+        set_params = [token, lease_until, now]
+        taken: list[tuple] = []
+        below: int | None = None
+        with self.conn.cursor() as c:
+            while len(taken) < limit:
+                c.execute(*top_priority_select(queues, below))
+                priority = c.fetchone()[0]
+                if priority is None:
+                    break
+                want = limit - len(taken)
+                if self.vendor == "mysql":
+                    taken += self._claim_band_mysql(set_params, queues, priority, now, want)
+                else:
+                    select, params = band_select("id", queues, priority, now, want)
+                    lock = " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
+                    c.execute(f"UPDATE rws_jobs SET {CLAIM_SET} WHERE id IN ({select}{lock}) RETURNING {CLAIM_COLUMNS}",
+                              [*set_params, *params])
+                    # RETURNING does not keep the subquery's order.
+                    taken += sorted(c.fetchall(), key=lambda r: (r[7], r[8], r[0]))
+                below = priority
+        return [Claimed(*row, token=token) for row in taken]
+
+    def _claim_band_mysql(self, set_params: list[Any], queues: Sequence[str] | None, priority: int,
+                          now: int, limit: int) -> list[tuple]:
+        """InnoDB locks every row a FOR UPDATE reads, also those a LIMIT then drops, so one claimer
+        would lock rows it does not take and the others would skip them. Instead: read the first
+        due ids without locking, then lock them one by one (SKIP LOCKED) until ``limit`` are ours;
         a row another worker holds is passed over at once."""
-        select, params = due_select("id", queues, now, limit + 8)
+        select, params = band_select("id", queues, priority, now, limit + 8)
         lock_one = f"SELECT {CLAIM_COLUMNS} FROM rws_jobs WHERE id = %s AND status = 'pending' FOR UPDATE SKIP LOCKED"
         for _ in range(5):
             with atomic(self.conn), self.conn.cursor() as c:
@@ -111,13 +131,35 @@ class Store:
                         if len(rows) == limit:
                             break
                 if rows:
-                    c.execute(
-                        f"UPDATE rws_jobs SET {sets} WHERE id IN ({', '.join(['%s'] * len(rows))})",
-                        [*set_params, *(r[0] for r in rows)],
-                    )
+                    c.execute(f"UPDATE rws_jobs SET {CLAIM_SET} WHERE id IN ({', '.join(['%s'] * len(rows))})",
+                              [*set_params, *(r[0] for r in rows)])
                     return rows
             # Every candidate went to other workers meanwhile: look again at once.
         return []
+
+    def complete_many(self, jobs: Sequence[Claimed]) -> set[str]:
+        """Delete finished jobs in one statement per claim; return the ids this worker still held."""
+        by_token: dict[str, list[str]] = {}
+        for job in jobs:
+            by_token.setdefault(job.token, []).append(job.id)
+        done: set[str] = set()
+        returning = self.vendor != "mysql" or getattr(self.conn, "mysql_is_mariadb", False)
+        with self.conn.cursor() as c:
+            for token, ids in by_token.items():
+                sql = (f"DELETE FROM rws_jobs WHERE status = 'running' AND locked_by = %s "
+                       f"AND id IN ({', '.join(['%s'] * len(ids))})")
+                if returning:
+                    c.execute(sql + " RETURNING id", [token, *ids])
+                    done.update(r[0] for r in c.fetchall())
+                else:
+                    c.execute(sql, [token, *ids])
+                    if c.rowcount == len(ids):
+                        done.update(ids)
+                    else:  # MySQL has no DELETE ... RETURNING: find out one by one
+                        for job in (j for j in jobs if j.token == token):
+                            if self.complete(job):
+                                done.add(job.id)
+        return done
 
     # -- outcomes (each fenced on the claim's token) ---------------------------------------------
 

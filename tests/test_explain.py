@@ -1,25 +1,34 @@
-"""The claim query must use the due index, so rows that are not due cost nothing."""
+"""The claim's statements must be index ranges, so neither due rows nor future rows slow it."""
 
 import time
 
 import pytest
 from django.db import connection
 
-from django_rws_jobs.store import due_select
+from django_rws_jobs.store import band_select, top_priority_select
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 FUTURE_ROWS = 100_000
 
 
+def analyze():
+    with connection.cursor() as c:
+        if connection.vendor == "mysql":
+            c.execute("ANALYZE TABLE rws_jobs")
+            c.fetchall()
+        else:
+            c.execute("ANALYZE rws_jobs" if connection.vendor == "postgresql" else "ANALYZE")
+
+
 def fill(future: int, due: int) -> int:
     now = int(time.time())
-    rows = [(f"f{i:07d}", "t", now + 3600 + i % 5000, now) for i in range(future)]
-    rows += [(f"d{i:07d}", "t", now - 10, now) for i in range(due)]
+    rows = [(f"f{i:07d}", "t", now + 3600 + i % 5000, now, i % 3) for i in range(future)]
+    rows += [(f"d{i:07d}", "t", now - 10 + i % 7, now, 0) for i in range(due)]
     with connection.cursor() as c:
         for start in range(0, len(rows), 5000):
             c.executemany(
-                "INSERT INTO rws_jobs (id, job_type, next_run_at, created_at) VALUES (%s, %s, %s, %s)",
+                "INSERT INTO rws_jobs (id, job_type, next_run_at, created_at, priority) VALUES (%s, %s, %s, %s, %s)",
                 rows[start:start + 5000],
             )
     analyze()
@@ -38,23 +47,24 @@ def plan(sql: str, params: list) -> str:
         return "\n".join(str(r[-1]) for r in c.fetchall())
 
 
-def analyze():
-    with connection.cursor() as c:
-        if connection.vendor == "mysql":
-            c.execute("ANALYZE TABLE rws_jobs")
-            c.fetchall()
-        else:
-            c.execute("ANALYZE rws_jobs" if connection.vendor == "postgresql" else "ANALYZE")
+def assert_index_range(text: str) -> None:
+    assert "rws_jobs_claim_idx" in text, text
+    assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text  # no full scan
+    assert "Sort" not in text and "TEMP B-TREE" not in text and "filesort" not in text, text  # no sort
 
 
-def test_claim_uses_the_due_index_with_many_future_rows():
-    now = fill(FUTURE_ROWS, 20)
-    for due in (20, 0):
+def test_claim_statements_are_index_ranges_with_many_due_and_future_rows():
+    now = fill(FUTURE_ROWS, 5000)
+    for due in (5000, 0):
         if due == 0:
             with connection.cursor() as c:
                 c.execute("DELETE FROM rws_jobs WHERE id LIKE 'd%%'")
             analyze()
         for queues in (None, ["default", "mailers"]):
-            text = plan(*due_select("id", queues, now, 16))
-            assert "rws_jobs_due_idx" in text, (due, queues, text)
-            assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", (due, queues, text)
+            for priority in (0, 2):
+                assert_index_range(plan(*band_select("id", queues, priority, now, 16)))
+        text = plan(*top_priority_select(None, None))
+        assert "rws_jobs_claim_idx" in text or "Select tables optimized away" in text or "optimized away" in text, text
+        assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
+        text = plan(*top_priority_select(None, 2))
+        assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text

@@ -23,6 +23,6 @@ def test_tables_have_the_seed_defaults_in_the_database():
 def test_indexes_exist():
     with connection.cursor() as c:
         constraints = connection.introspection.get_constraints(c, "rws_jobs")
-    assert constraints["rws_jobs_due_idx"]["columns"] == ["status", "next_run_at"]
+    assert constraints["rws_jobs_claim_idx"]["columns"] == ["status", "priority", "next_run_at", "created_at", "id"]
     assert constraints["rws_jobs_lease_idx"]["columns"] == ["status", "locked_until"]
     assert constraints["rws_jobs_unique_active"]["unique"] is True
