@@ -356,6 +356,49 @@ def test_the_scheduler_thread_stays_alive_without_schedules_until_stopped():
     assert not t.is_alive()
 
 
+def _kill_other_connections():
+    with connection.cursor() as c:
+        if connection.vendor == "postgresql":
+            c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        else:
+            c.execute("SELECT ID FROM information_schema.PROCESSLIST "
+                      "WHERE DB = DATABASE() AND ID <> CONNECTION_ID()")
+            for (pid,) in c.fetchall():
+                c.execute(f"KILL CONNECTION {int(pid)}")
+
+
+def _wait_for(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_scheduler_thread_reconnects_after_losing_its_connection(caplog):
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no server connection to lose")
+    every_second = {"cron": "*/1 * * * * *", "job_type": "test.record", "payload": "tick"}
+    JobSchedule.objects.create(name="s", next_run_at=int(time.time()) + 1, cron="*/1 * * * * *")
+    stop = threading.Event()
+    with with_schedules(s=every_second), caplog.at_level(logging.WARNING, logger="django_rws_jobs"):
+        t = threading.Thread(target=scheduler_loop, args=(stop, "default"), daemon=True)
+        t.start()
+        try:
+            _wait_for(lambda: len(jobs("tick")) >= 1, 5)
+            _kill_other_connections()
+            killed_at, before = time.time(), len(jobs("tick"))
+            _wait_for(lambda: row("s")[0] > killed_at + 2, 10)  # ticking again after the kill
+        finally:
+            stop.set()
+            t.join(5)
+    assert not t.is_alive()
+    assert "schedules: database error" in caplog.text  # the kill did reach the scheduler's connection
+    assert len(jobs("tick")) > before
+
+
 # -- real processes --------------------------------------------------------------------------------
 
 RACE_CODE = """
