@@ -1,7 +1,7 @@
 """The admin in a real Chromium: log in, retry and delete dead jobs, look at the overview.
 
-Uses Debian's chromium (scripts/_env.sh installs it); nothing is downloaded. Saves the screenshots
-that docs/admin.md shows.
+Uses Debian's chromium (scripts/_env.sh installs it); nothing is downloaded. Takes the screenshots
+that docs/admin.md shows; ``RWS_SCREENSHOTS=docs`` writes them over the ones in docs/.
 """
 
 from __future__ import annotations
@@ -28,6 +28,17 @@ CHROMIUM = os.environ.get("RWS_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+# Screenshots go to docs/ when asked (RWS_SCREENSHOTS=docs) or when missing there; otherwise to the
+# tests' scratch folder, so a test run does not leave the committed pictures modified.
+SHOTS = DOCS if os.environ.get("RWS_SCREENSHOTS") == "docs" else Path(
+    os.environ.get("RWS_TEST_TMP", Path(__file__).resolve().parent / ".tmp"))
+
+
+def screenshot(page, name: str) -> None:
+    target = SHOTS if (DOCS / name).exists() else DOCS
+    target.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(target / name), full_page=True)
+    assert (target / name).stat().st_size > 10_000  # a real page, not an empty one
 
 sync_api = pytest.importorskip("playwright.sync_api")
 if not shutil.which(CHROMIUM):
@@ -92,7 +103,7 @@ def test_retry_and_delete_from_the_dead_letter_list(page, live_server):
     rows = page.locator("#result_list tbody tr")
     assert rows.count() == 4
     assert page.locator("#result_list").inner_text().count("ValueError: boom") == 4
-    page.screenshot(path=str(DOCS / "admin-dead-letter.png"), full_page=True)
+    screenshot(page, "admin-dead-letter.png")
 
     page.check(f"input[name=_selected_action][value='{retry_me}']")
     page.select_option("select[name=action]", "retry_selected")
@@ -126,7 +137,7 @@ def test_overview_page(page, live_server):
     mailers = page.locator("#rws-queues tr[data-queue=mailers] td")
     assert [mailers.nth(i).inner_text() for i in (0, 1, 2)] == ["17", "5", "2 min"]
     assert page.locator(".rws-chart .row").count() == 3
-    page.screenshot(path=str(DOCS / "admin-overview.png"), full_page=True)
+    screenshot(page, "admin-overview.png")
     page.click("#rws-queues tr[data-queue=mailers] td:nth-of-type(2) a")  # the "due now" count
     page.wait_for_selector("#result_list")
     assert page.locator("#result_list tbody tr").count() == 5
