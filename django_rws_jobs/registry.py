@@ -40,11 +40,12 @@ class Registry:
                     f"job_type {job_type!r} is already registered to "
                     f"{_name(existing.func)}; cannot register {_name(func)} as well"
                 )
-            entries = _schedule_entries(job_type, schedule) if schedule is not None else []
             self._specs[job_type] = JobSpec(job_type, func, options)
-            # Registering again (a re-imported module) replaces this job_type's declarations.
-            self._schedule_decls = [d for d in self._schedule_decls if d[0] != job_type]
-            self._schedule_decls.extend((job_type, name, entry) for name, entry in entries)
+            if schedule is not None:
+                # Registering again (a re-imported module) replaces this job_type's declarations.
+                self._schedule_decls = [d for d in self._schedule_decls if d[0] != job_type]
+                self._schedule_decls.extend((job_type, name, entry)
+                                            for name, entry in _schedule_entries(job_type, schedule))
         return func
 
     def unregister(self, job_type: str) -> None:

@@ -293,6 +293,16 @@ def test_duplicate_names_are_check_errors_and_neither_runs(temp_jobs):
                              "@job('tests.sched.dup3')); schedule names must be unique") in _check()
 
 
+def test_registering_a_handler_again_does_not_duplicate_its_schedule(temp_jobs):
+    temp_jobs("tests.sched.again", schedule="0 0 3 * * *")
+    handler = registry.get("tests.sched.again").func
+    registry.register("tests.sched.again", handler, schedule="0 0 4 * * *")  # a re-imported module
+    registry.register("tests.sched.again", handler)  # register() without a schedule keeps it
+    assert _check() == []
+    with with_schedules():
+        assert [(s.name, s.cron) for s in declared()[0]] == [("tests.sched.again", "0 0 4 * * *")]
+
+
 def test_a_bad_schedule_on_the_decorator_is_a_check_error_too(temp_jobs):
     temp_jobs("tests.sched.bad", schedule="0 0 0 31 4 *")
     temp_jobs("tests.sched.shape", schedule=42)
