@@ -79,7 +79,8 @@ def nobody(django_user_model) -> Client:
 
 
 def retry_post(client: Client, *ids: str, **extra: str):
-    return client.post(DEAD, {"action": "retry_selected", "index": "0", "_selected_action": list(ids), **extra})
+    data = {"action": "retry_selected", "index": "0", "_selected_action": list(ids), **extra}
+    return client.post(DEAD, data)
 
 
 def delete_post(client: Client, *ids: str, confirm: bool = False, **extra: str):
@@ -240,7 +241,8 @@ def test_jobs_cannot_be_added_changed_or_deleted(admin_client):
     assert admin_client.get(reverse("admin:django_rws_jobs_job_add")).status_code == 403
     admin_client.post(change, {"payload": "changed", "status": "failed"})
     assert Job.objects.get(id="j1").payload == "p"
-    assert admin_client.post(reverse("admin:django_rws_jobs_job_delete", args=["j1"]), {"post": "yes"}).status_code == 403
+    delete = reverse("admin:django_rws_jobs_job_delete", args=["j1"])
+    assert admin_client.post(delete, {"post": "yes"}).status_code == 403
     assert Job.objects.filter(id="j1").exists()
     assert 'name="action"' not in admin_client.get(JOBS).content.decode()  # no bulk actions at all
 
@@ -361,7 +363,8 @@ def test_delete_action_asks_first_then_deletes(admin_client):
     assert response.status_code == 302
     assert messages_of(response) == ["Deleted 2 dead jobs."]
     assert list(Job.objects.values_list("id", flat=True)) == ["d3"]
-    assert set(LogEntry.objects.filter(action_flag=DELETION).values_list("object_id", flat=True)) == {"d1", "d2"}
+    logged = LogEntry.objects.filter(action_flag=DELETION).values_list("object_id", flat=True)
+    assert set(logged) == {"d1", "d2"}
 
 
 def test_delete_keeps_a_job_retried_after_the_confirmation_page(admin_client):
@@ -389,7 +392,8 @@ def test_delete_all_across_pages_confirms_without_listing_every_id(admin_client)
     seen = int(page.split('name="rws_seen_until" value="')[1].split('"')[0])
     make_job("later", status="failed", failed_at=seen + 5)  # failed after the page was shown
     response = admin_client.post(DEAD, {"action": "delete_selected", "index": "0", "select_across": "1",
-                                        "_selected_action": ["d00"], "post": "yes", "rws_seen_until": str(seen)})
+                                        "_selected_action": ["d00"], "post": "yes",
+                                        "rws_seen_until": str(seen)})
     assert messages_of(response) == ["Deleted 60 dead jobs."]
     assert list(Job.objects.values_list("id", flat=True)) == ["later"]
 
@@ -422,16 +426,18 @@ def test_single_dead_job_delete_page(admin_client):
 
 def test_view_only_staff_can_look_but_not_act(viewer):
     make_job("d1", status="failed", payload="look")
-    for url in (JOBS, DEAD, SCHEDULES, OVERVIEW, reverse("admin:django_rws_jobs_failedjob_change", args=["d1"]),
-                reverse("admin:django_rws_jobs_job_change", args=["d1"])):
+    dead_page = reverse("admin:django_rws_jobs_failedjob_change", args=["d1"])
+    job_page = reverse("admin:django_rws_jobs_job_change", args=["d1"])
+    for url in (JOBS, DEAD, SCHEDULES, OVERVIEW, dead_page, job_page):
         assert viewer.get(url).status_code == 200, url
     assert 'name="action"' not in viewer.get(DEAD).content.decode()
-    assert "Retry now" not in viewer.get(reverse("admin:django_rws_jobs_failedjob_change", args=["d1"])).content.decode()
+    assert "Retry now" not in viewer.get(dead_page).content.decode()
     assert retry_post(viewer, "d1").status_code == 403
     assert delete_post(viewer, "d1").status_code == 403
     assert delete_post(viewer, "d1", confirm=True).status_code == 403
     assert viewer.post(reverse("admin:django_rws_jobs_failedjob_retry", args=["d1"])).status_code == 403
-    assert viewer.post(reverse("admin:django_rws_jobs_failedjob_delete", args=["d1"]), {"post": "yes"}).status_code == 403
+    delete = reverse("admin:django_rws_jobs_failedjob_delete", args=["d1"])
+    assert viewer.post(delete, {"post": "yes"}).status_code == 403
     assert Job.objects.get(id="d1").status == "failed"
 
 

@@ -87,7 +87,8 @@ def some_traffic() -> None:
     for i in range(12):
         rws.enqueue("test.record", f"receipt {i}", queue="mailers", run_in=600)
     for i in range(5):
-        Job.objects.filter(id=rws.enqueue("test.record", f"late {i}", queue="mailers")).update(next_run_at=t - 90)
+        job_id = rws.enqueue("test.record", f"late {i}", queue="mailers")
+        Job.objects.filter(id=job_id).update(next_run_at=t - 90)
     for i in range(3):
         job_id = rws.enqueue("test.record", f"report {i}", queue="reports")
         Job.objects.filter(id=job_id).update(status="running", locked_until=t + 60, locked_by="web-1:1")

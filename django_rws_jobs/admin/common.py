@@ -26,7 +26,8 @@ def time_cell(ts: int | None, at: int | None = None) -> SafeString | str:
     """ "in 3 min" / "2 h ago", with the exact UTC time on hover."""
     if ts is None:
         return "-"
-    return format_html('<span title="{}">{}</span>', humanize.absolute(ts), humanize.relative(ts, at or now()))
+    return format_html('<span title="{}">{}</span>', humanize.absolute(ts),
+                       humanize.relative(ts, at or now()))
 
 
 def short_text(text: str | None, limit: int = 80) -> SafeString | str:

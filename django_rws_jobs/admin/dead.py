@@ -11,7 +11,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.db.models import F, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
@@ -23,7 +23,7 @@ from django.utils.translation import gettext_lazy, ngettext
 from .. import api
 from ..db import queue_alias
 from ..models import FailedJob, Job, Status
-from .common import QueueDatabaseAdmin, links, now
+from .common import links, now
 from .jobs import JobDisplay
 
 #: Ids named in one message at most; the rest are counted.
@@ -44,6 +44,12 @@ def _ids(ids: list[str]) -> str:
     return ", ".join(ids[:MAX_IDS_SHOWN]) + (_(" and %(n)d more") % {"n": more} if more > 0 else "")
 
 
+def _user_id(request: HttpRequest) -> Any:
+    user_id = request.user.pk
+    assert user_id is not None, "admin views run for logged-in staff only"
+    return user_id
+
+
 def _selection(request: HttpRequest, queryset: QuerySet[Any]) -> tuple[list[str], list[str]]:
     """(selected ids still on the list, selected ids no longer on it)."""
     if request.POST.get("select_across") == "1":
@@ -58,7 +64,7 @@ def _selection(request: HttpRequest, queryset: QuerySet[Any]) -> tuple[list[str]
 
 
 @admin.register(FailedJob)
-class FailedJobAdmin(JobDisplay, QueueDatabaseAdmin):
+class FailedJobAdmin(JobDisplay):
     list_display = ("id", "job_type", "queue", "failed", "error", "runs")
     list_filter = ("queue", "job_type")
     # Rows a seed writer failed carry no failed_at; they sort after the ones we timed.
@@ -105,10 +111,9 @@ class FailedJobAdmin(JobDisplay, QueueDatabaseAdmin):
             else:
                 vanished.append(job_id)
         for batch in _batches(retried):
-            LogEntry.objects.log_actions(
-                request.user.pk, list(Job.objects.using(alias).filter(pk__in=batch)), CHANGE,
-                change_message="Retried from the dead-letter list", single_object=len(retried) == 1,
-            )
+            jobs = list(Job.objects.using(alias).filter(pk__in=batch))
+            LogEntry.objects.log_actions(_user_id(request), jobs, CHANGE,
+                                         change_message="Retried from the dead-letter list")
         if retried:
             self.message_user(request, ngettext(
                 "Retried %(count)d dead job; it is due now.",
@@ -154,7 +159,7 @@ class FailedJobAdmin(JobDisplay, QueueDatabaseAdmin):
             remaining = set(Job.objects.using(alias).filter(pk__in=victim_ids).values_list("pk", flat=True))
             done = [v for v in victims if v.pk not in remaining]
             if done:
-                self.log_deletions(request, done)
+                LogEntry.objects.log_actions(_user_id(request), done, DELETION)
             left += [pk for pk in batch if pk in remaining or pk not in set(victim_ids)]
         if deleted:
             self.message_user(request, ngettext(

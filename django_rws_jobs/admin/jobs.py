@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin
 from django.db.models import QuerySet
@@ -14,7 +14,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from .. import humanize
-from ..models import Job, Status
+from ..models import Job, JobQuerySet, Status
 from . import overview
 from .common import QueueDatabaseAdmin, links, now, pre, short_text, time_cell
 
@@ -34,6 +34,7 @@ class DueFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any] | None:
         t = now()
+        queryset = cast(JobQuerySet, queryset)
         if self.value() == "now":
             return queryset.due(t)
         if self.value() == "later":
@@ -50,7 +51,7 @@ def _time_detail(ts: int | None) -> SafeString | str:
                        humanize.relative(ts, now()), humanize.absolute(ts), ts)
 
 
-class JobDisplay:
+class JobDisplay(QueueDatabaseAdmin):
     """Columns and detail fields shared by the jobs list and the dead-letter list."""
 
     @admin.display(description=_("due"), ordering="next_run_at")
@@ -113,7 +114,7 @@ class JobDisplay:
         (_("Error"), {"fields": ("error_detail", "traceback_detail")}),
         (_("Claim"), {"fields": ("locked_by", "lease_detail"), "classes": ("collapse",)}),
     )
-    readonly_fields = tuple(f for _title, opts in fieldsets for f in opts["fields"])
+    readonly_fields = tuple(f for _title, opts in fieldsets for f in cast("tuple[str, ...]", opts["fields"]))
     search_fields = ("id", "job_type", "unique_key")
     # Counting the whole table a second time for "N results (M total)" is slow on big queues.
     show_full_result_count = False
@@ -121,7 +122,7 @@ class JobDisplay:
 
 
 @admin.register(Job)
-class JobAdmin(JobDisplay, QueueDatabaseAdmin):
+class JobAdmin(JobDisplay):
     """Every job, view only: jobs change through the queue's API, the worker and the dead-letter list."""
 
     list_display = ("id", "job_type", "status", "queue", "runs", "due", "created", "error")

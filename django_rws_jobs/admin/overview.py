@@ -54,6 +54,7 @@ def queue_stats(at: int, using: str | None = None) -> list[QueueStats]:
     pending = Q(status=Status.PENDING)
     due = pending & Q(next_run_at__lte=at)
     running = Q(status=Status.RUNNING)
+    lease_expired = running & (Q(locked_until__lt=at) | Q(locked_until__isnull=True))
     rows = (
         Job.objects.using(queue_alias(using))
         .values("queue")
@@ -61,7 +62,7 @@ def queue_stats(at: int, using: str | None = None) -> list[QueueStats]:
             pending=Count("pk", filter=pending),
             due=Count("pk", filter=due),
             running=Count("pk", filter=running),
-            lease_expired=Count("pk", filter=running & (Q(locked_until__lt=at) | Q(locked_until__isnull=True))),
+            lease_expired=Count("pk", filter=lease_expired),
             failed=Count("pk", filter=Q(status=Status.FAILED)),
             oldest_due=Min("next_run_at", filter=due),
         )
@@ -91,7 +92,7 @@ def render(request: HttpRequest, model_admin: admin.ModelAdmin) -> TemplateRespo
         raise PermissionDenied
     at = now()
     stats = queue_stats(at)
-    context = links(request, model_admin)
+    context: dict[str, Any] = {**links(request, model_admin)}
     jobs_url, dead_url = context["jobs_url"], context["dead_letter_url"]
 
     def link(base: str | None, **params: str) -> str | None:

@@ -96,8 +96,9 @@ class JobScheduleAdmin(QueueDatabaseAdmin):
 
     @admin.display(description=gettext_lazy("next due"))
     def next_due_detail(self, row: JobSchedule) -> SafeString | str:
-        return format_html('{} <span class="quiet">({}; unix {})</span>', humanize.relative(row.next_run_at, now()),
-                           humanize.absolute(row.next_run_at), row.next_run_at)
+        ts = row.next_run_at
+        return format_html('{} <span class="quiet">({}; unix {})</span>',
+                           humanize.relative(ts, now()), humanize.absolute(ts), ts)
 
     @admin.display(description=gettext_lazy("stored expression"))
     def stored_cron(self, row: JobSchedule) -> str:
