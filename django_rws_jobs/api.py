@@ -130,8 +130,18 @@ def enqueue(job_type: str, payload: str = "", *, queue: str | None = None, prior
     if params[-1] is None:
         with connections[alias].cursor() as c:
             c.execute(INSERT_SQL, params)
-        return params[0]
-    return _insert_unique(alias, params)
+        job_id = params[0]
+    else:
+        job_id = _insert_unique(alias, params)
+    _wake_local_workers(alias)
+    return job_id
+
+
+def _wake_local_workers(alias: str) -> None:
+    from . import wakeup
+
+    if wakeup.listeners:  # a worker runs in this process: wake it when the job commits
+        transaction.on_commit(wakeup.notify, using=alias)
 
 
 def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: int = 1000) -> list[str]:
@@ -165,6 +175,7 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
                 values = ", ".join([INSERT_VALUES] * len(chunk))
                 c.execute(INSERT_HEAD + values, [v for row in chunk for v in row])
         ids = [r[0] if r[-1] is None else _insert_unique(alias, r) for r in rows]
+        _wake_local_workers(alias)
     return ids
 
 

@@ -1,8 +1,10 @@
-"""The worker: N threads that claim and run jobs, a lease keeper, and a scheduler thread.
+"""The worker: executor threads fed by one dispatcher, a completer, a lease keeper, a scheduler.
 
 One supervisor (the thread that calls :meth:`Worker.run`) owns small roles that share one stop
-``Event``: job threads claim one job at a time and run it; the keeper renews the leases of running
-jobs and takes back expired ones; the scheduler enqueues due cron jobs. Signal handlers only set
+``Event``: the dispatcher claims as many due jobs as there are idle executors; executors run them;
+the completer records outcomes in batches; the keeper renews the leases of held jobs and takes back
+expired ones; the scheduler enqueues due cron jobs; on PostgreSQL a listener turns NOTIFY into a
+wake-up (polling still runs, so a pooler that breaks LISTEN costs latency, not jobs). Signal handlers only set
 flags; every wait is on an Event, so a stop is instant.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import queue
 import signal
 import socket
 import threading
@@ -111,6 +114,13 @@ class WorkerStats:
 
 
 class Worker:
+    """One worker process: a dispatcher, N executor threads, a completer, a lease keeper, a scheduler.
+
+    The dispatcher claims at most as many jobs as there are idle executors, in one statement, so
+    a worker never holds a job it cannot start now; executors run handlers; the completer records
+    outcomes, deleting finished jobs in batches (whatever finished while it wrote the last batch).
+    """
+
     def __init__(
         self,
         *,
@@ -131,70 +141,153 @@ class Worker:
         self.poll_interval = float(jobs_settings.POLL_INTERVAL if poll_interval is None else poll_interval)
         self.run_schedules = (not burst) if schedules is None else schedules
         self.alias = queue_alias(using)
-        self.stop_event = threading.Event()   # stop claiming
-        self.idle_threads: set[int] = set()
-        self.running: dict[str, Claimed] = {}  # token -> job, for the lease keeper and shutdown
-        self.running_lock = threading.Lock()
+        self.stop_event = threading.Event()  # stop claiming
+        self.wake = threading.Event()  # a hint that jobs may be due: look now
+        self.cond = threading.Condition()  # guards self.free
+        self.free = threads  # idle executors
+        self.claimed_total = 0
+        self.work: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
+        self.results: queue.SimpleQueue[tuple[Claimed, str | None, str | None] | None] = queue.SimpleQueue()
+        self.held: dict[tuple[str, str], Claimed] = {}  # claimed and not yet recorded
+        self.executing: dict[str, Claimed] = {}  # executor thread name -> job it runs
+        self.held_lock = threading.Lock()
         self.stats = WorkerStats()
         self._threads: dict[str, threading.Thread] = {}
         self._signals = 0
         self.exit_code = 0
 
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.wake.set()
+
     # -- roles ------------------------------------------------------------------------------------
 
-    def _job_loop(self, index: int) -> None:
+    def _dispatch_loop(self) -> None:
         holder = ConnectionHolder(self.alias)
         db = DatabaseRetry(holder, self.stop_event)
         lease = int(jobs_settings.LEASE_SECONDS)
         try:
             while not self.stop_event.is_set():
+                with self.cond:
+                    while self.free == 0 and not self.stop_event.is_set():
+                        self.cond.wait(0.5)
+                    n = self.free
+                    if self.max_jobs is not None:
+                        n = min(n, self.max_jobs - self.claimed_total)
+                        if n <= 0:  # claimed all it may: stop once they are done
+                            while self.free < self.threads and not self.stop_event.is_set():
+                                self.cond.wait(0.5)
+                            self.stop()
+                            break
+                if self.stop_event.is_set():
+                    break
+                self.wake.clear()
                 now = int(time.time())
                 token = claim_token()
                 try:
-                    claimed = db(lambda s: s.claim(token, now, now + lease, self.queues, 1), what="claiming")
+                    claimed = db(lambda s: s.claim(token, now, now + lease, self.queues, n), what="claiming")
                 except DatabaseError:
                     break  # only when stopping
-                if not claimed:
-                    if self.burst:
-                        self.idle_threads.add(index)
-                        if len(self.idle_threads) >= self.threads:
-                            self.stop_event.set()
-                        self.stop_event.wait(0.05)
-                        continue
-                    self.stop_event.wait(self.poll_interval)
+                if claimed:
+                    self.claimed_total += len(claimed)
+                    with self.cond:
+                        self.free -= len(claimed)
+                    with self.held_lock:
+                        for job in claimed:
+                            self.held[(job.token, job.id)] = job
+                    for job in claimed:
+                        self.work.put(job)
                     continue
-                self.idle_threads.discard(index)
-                for job in claimed:
-                    self._run_one(job, db)
+                if self.burst:
+                    with self.cond:
+                        if self.free == self.threads:
+                            self.stop()  # nothing due and nothing running
+                            break
+                        self.cond.wait(self.poll_interval)  # a running job may enqueue more
+                    continue
+                self.wake.wait(self.poll_interval)
         finally:
             holder.close()
+
+    def _execute_loop(self) -> None:
+        name = threading.current_thread().name
+        try:
+            while True:
+                job = self.work.get()
+                if job is None:
+                    return
+                self.executing[name] = job
+                fatal: BaseException | None = None
+                error: str | None = None
+                tb: str | None = None
+                try:
+                    error, tb = execute(job)
+                except BaseException as exc:
+                    # SystemExit and the like: record the failure, then let this thread die (the
+                    # supervisor replaces it).
+                    fatal, error, tb = exc, f"{type(exc).__name__}: {exc}", traceback.format_exc()
+                finally:
+                    self.executing.pop(name, None)
+                    self.results.put((job, error, tb))
+                    with self.cond:
+                        self.free += 1
+                        self.cond.notify_all()
+                if fatal is not None:
+                    raise fatal
+        finally:
             connections.close_all()
 
-    def _run_one(self, job: Claimed, db: DatabaseRetry) -> None:
-        with self.running_lock:
-            self.running[job.token] = job
-        fatal: BaseException | None = None
+    def _complete_loop(self) -> None:
+        holder = ConnectionHolder(self.alias)
+        db = DatabaseRetry(holder, self.stop_event)
         try:
-            try:
-                error, tb = execute(job)
-            except BaseException as exc:
-                # SystemExit and the like: record the failure, then let this thread die (the
-                # supervisor replaces it).
-                fatal, error, tb = exc, f"{type(exc).__name__}: {exc}", traceback.format_exc()
-            # Keep trying to record the outcome while the lease may still be ours.
-            deadline = time.monotonic() + float(jobs_settings.LEASE_SECONDS)
-            outcome = db(lambda s: record(s, job, error, tb), until=deadline, what=f"recording job {job.id}")
-            if fatal is not None:
-                raise fatal
+            while True:
+                batch = [self.results.get()]
+                while True:
+                    try:
+                        batch.append(self.results.get_nowait())
+                    except queue.Empty:
+                        break
+                items = [b for b in batch if b is not None]
+                if items:
+                    self._record(db, items)
+                if len(items) < len(batch):
+                    return
         finally:
-            with self.running_lock:
-                self.running.pop(job.token, None)
-        total = self.stats.add(outcome)
-        if self.max_jobs is not None and total >= self.max_jobs:
-            self.stop_event.set()
+            holder.close()
+
+    def _record(self, db: DatabaseRetry, items: list[tuple[Claimed, str | None, str | None]]) -> None:
+        # Keep trying while the leases may still be ours; after that, recovery runs them again.
+        deadline = time.monotonic() + float(jobs_settings.LEASE_SECONDS)
+        outcomes: list[str] = []
+        try:
+            succeeded = [job for job, error, _ in items if error is None]
+            if succeeded:
+                done = db(lambda s: s.complete_many(succeeded), until=deadline, what="recording finished jobs")
+                for job in succeeded:
+                    if job.id in done:
+                        outcomes.append("done")
+                    else:
+                        outcomes.append("lost")
+                        logger.warning("job %s (%s): result 'done' dropped: claim %s no longer holds it "
+                                       "(its lease expired and another worker took it over)",
+                                       job.id, job.job_type, job.token)
+            for job, error, tb in items:
+                if error is not None:
+                    outcomes.append(db(lambda s: record(s, job, error, tb), until=deadline,
+                                       what=f"recording job {job.id}"))
+        except DatabaseError as exc:
+            logger.error("could not record %d job outcome(s): %s; their leases will expire and "
+                         "another worker will run them again", len(items), exc)
+        finally:
+            with self.held_lock:
+                for job, _, _ in items:
+                    self.held.pop((job.token, job.id), None)
+        for outcome in outcomes:
+            self.stats.add(outcome)
 
     def _keeper_loop(self) -> None:
-        """Renew the leases of running jobs; take back expired ones from lost workers."""
+        """Renew the leases of held jobs; take back expired ones from lost workers."""
         holder = ConnectionHolder(self.alias)
         db = DatabaseRetry(holder, self.stop_event)
         lease = int(jobs_settings.LEASE_SECONDS)
@@ -203,8 +296,8 @@ class Worker:
         try:
             while not self._keeper_stop.wait(renew_every):
                 try:
-                    with self.running_lock:
-                        tokens = list(self.running)
+                    with self.held_lock:
+                        tokens = sorted({token for token, _ in self.held})
                     if tokens:
                         db(lambda s: s.renew(tokens, int(time.time()) + lease), until=time.monotonic(),
                            what="renewing leases")
@@ -223,6 +316,11 @@ class Worker:
         from .schedules import scheduler_loop
 
         scheduler_loop(self.stop_event, self.alias)
+
+    def _listen_loop(self) -> None:
+        from .listen import listen_loop
+
+        listen_loop(self.stop_event, self.wake, self.alias)
 
     # -- supervisor -------------------------------------------------------------------------------
 
@@ -245,13 +343,26 @@ class Worker:
                 # Leases of running jobs expire and another worker's recovery takes them.
                 os.write(2, b"second signal: exiting now\n")
                 os._exit(1)
-            self.stop_event.set()
+            self.stop()
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
 
+    def _roles(self) -> dict[str, Callable[[], None]]:
+        roles: dict[str, Callable[[], None]] = {f"rws-job-{i}": self._execute_loop for i in range(self.threads)}
+        roles["rws-dispatcher"] = self._dispatch_loop
+        roles["rws-completer"] = self._complete_loop
+        roles["rws-keeper"] = self._keeper_loop
+        if self.run_schedules:
+            roles["rws-scheduler"] = self._scheduler_loop
+        if connections[self.alias].vendor == "postgresql" and not self.burst:
+            roles["rws-listener"] = self._listen_loop
+        return roles
+
     def run(self) -> int:
         """Run until stopped (or, with burst, until nothing is due). Returns the exit code."""
+        from . import wakeup
+
         self._keeper_stop = threading.Event()
         holder = ConnectionHolder(self.alias)
         try:
@@ -260,30 +371,40 @@ class Worker:
                 logger.warning("took back %d job(s) whose worker was lost", taken)
         finally:
             holder.close()
-        for i in range(self.threads):
-            self._spawn(f"rws-job-{i}", self._job_loop, i)
-        self._spawn("rws-keeper", self._keeper_loop)
-        if self.run_schedules:
-            self._spawn("rws-scheduler", self._scheduler_loop)
-        while not self.stop_event.wait(0.5):
-            for name, t in list(self._threads.items()):
-                if not t.is_alive() and name.startswith("rws-job-"):
-                    logger.error("worker thread %s died; starting a new one", name)
-                    self._spawn(name, self._job_loop, int(name.rsplit("-", 1)[1]))
-                elif not t.is_alive() and name == "rws-scheduler":
-                    self._spawn(name, self._scheduler_loop)
+        roles = self._roles()
+        for name, target in roles.items():
+            self._spawn(name, target)
+        wakeup.listeners.add(self.wake)
+        try:
+            while not self.stop_event.wait(0.5):
+                for name, t in list(self._threads.items()):
+                    if not t.is_alive():
+                        logger.error("worker thread %s stopped; starting a new one", name)
+                        self._spawn(name, roles[name])
+        finally:
+            wakeup.listeners.discard(self.wake)
         return self._shutdown()
 
     def _shutdown(self) -> int:
         timeout = float(jobs_settings.SHUTDOWN_TIMEOUT)
-        if self.running and not self.burst:
-            logger.info("stopping: waiting up to %ss for %d running job(s)", timeout, len(self.running))
+        if self.executing:
+            logger.info("stopping: waiting up to %ss for %d running job(s)", timeout, len(self.executing))
         deadline = time.monotonic() + timeout
+        self._threads["rws-dispatcher"].join(5)
+        for _ in range(self.threads):
+            self.work.put(None)
         for name, t in self._threads.items():
             if name.startswith("rws-job-") or name == "rws-scheduler":
                 t.join(max(deadline - time.monotonic(), 0))
-        with self.running_lock:
-            unfinished = list(self.running.values())
+        with self.held_lock:
+            unfinished = list(self.executing.values())
+        while True:  # claimed but never started (only if executors are stuck)
+            try:
+                job = self.work.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                unfinished.append(job)
         if unfinished:
             holder = ConnectionHolder(self.alias)
             try:
@@ -297,10 +418,12 @@ class Worker:
                         holder.reset()
             finally:
                 holder.close()
+        self.results.put(None)
+        self._threads["rws-completer"].join(10)
         self._keeper_stop.set()
-        keeper = self._threads.get("rws-keeper")
-        if keeper is not None:
-            keeper.join(5)
+        for name in ("rws-keeper", "rws-listener"):
+            if name in self._threads:
+                self._threads[name].join(5)
         logger.info("worker stopped: %d done, %d retried, %d dead, %d results dropped",
                     self.stats.done, self.stats.retried, self.stats.dead, self.stats.lost)
         return self.exit_code
