@@ -137,3 +137,13 @@ class JobSchedule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class QueueOverview(Job):
+    """No data of its own: gives the queue overview page its entry on the admin index."""
+
+    class Meta:
+        proxy = True
+        verbose_name = _("queue overview")
+        verbose_name_plural = _("queue overview")
+        default_permissions = ()

@@ -542,3 +542,19 @@ def test_schedule_rows_delete_only_when_undeclared(admin_client, settings):
     admin_client.post(reverse("admin:django_rws_jobs_jobschedule_delete", args=["gone"]), {"post": "yes"})
     assert list(JobSchedule.objects.values_list("name", flat=True)) == ["nightly"]
     assert admin_client.get(reverse("admin:django_rws_jobs_jobschedule_add")).status_code == 403
+
+
+def test_the_admin_index_links_to_the_queue_overview(client, django_user_model):
+    from django.contrib.auth.models import Permission
+
+    staff = django_user_model.objects.create_user("viewer-ov", password="pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(staff)
+    index = client.get("/admin/")
+    assert "/admin/django_rws_jobs/queueoverview/" in index.content.decode()
+    response = client.get("/admin/django_rws_jobs/queueoverview/")
+    assert response.status_code == 302 and response["Location"].endswith("/admin/django_rws_jobs/job/overview/")
+    nobody = django_user_model.objects.create_user("nobody-ov", password="pw", is_staff=True)
+    client.force_login(nobody)
+    assert "queueoverview" not in client.get("/admin/").content.decode()
+    assert client.get("/admin/django_rws_jobs/queueoverview/").status_code == 403

@@ -5,6 +5,7 @@ Importing this package (Django's admin autodiscovery does) registers the pages o
 
 from .dead import FailedJobAdmin
 from .jobs import JobAdmin
+from .overview_entry import QueueOverviewAdmin
 from .schedules import JobScheduleAdmin
 
-__all__ = ["FailedJobAdmin", "JobAdmin", "JobScheduleAdmin"]
+__all__ = ["FailedJobAdmin", "JobAdmin", "JobScheduleAdmin", "QueueOverviewAdmin"]
