@@ -259,3 +259,21 @@ def test_workers_and_a_web_process_share_the_database_without_lock_errors(worker
     assert Order.objects.count() == 150
     counts = run_counts()
     assert len(counts) == 300 and set(counts.values()) == {1}
+
+
+def test_processes_option_shares_the_work_and_stops_cleanly(workers):
+    for i in range(200):
+        rws.enqueue("test.record", str(i))
+    burst = workers("--processes", "2", "--workers", "2", "--burst")
+    assert burst.wait(60) == 0, burst.output()
+    counts = run_counts()
+    assert len(counts) == 200 and set(counts.values()) == {1}
+    assert len(set(Run.objects.values_list("pid", flat=True))) == 2  # both processes ran jobs
+    assert burst.output().count("starting: 2 thread(s)") == 2
+    rws.enqueue("test.sleep", "1")
+    w = workers("--processes", "2", "--workers", "1")
+    wait_for(lambda: Run.objects.filter(kind="start").exists(), what="the job to start")
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+    assert run_counts("end") == {"1": 1} and Job.objects.count() == 0
+    assert w.output().count("worker stopped") == 2

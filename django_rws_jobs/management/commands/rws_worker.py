@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 from typing import Any
 
@@ -25,10 +27,13 @@ class Command(BaseCommand):
     requires_system_checks = [Tags.models, "rws_jobs"]  # type: ignore[list-item]
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--workers", "-w", type=_positive_int, default=1, help="worker threads (default 1)")
+        parser.add_argument("--workers", "-w", type=_positive_int, default=1,
+                            help="worker threads per process (default 1)")
+        parser.add_argument("--processes", "-p", type=_positive_int, default=1,
+                            help="worker processes, each with --workers threads, to use several cores (default 1)")
         parser.add_argument("--queues", "-q", default="", help="comma-separated queues to run (default: all)")
         parser.add_argument("--burst", action="store_true", help="exit 0 once nothing is due")
-        parser.add_argument("--max-jobs", type=_positive_int, default=None, help="stop after this many jobs")
+        parser.add_argument("--max-jobs", type=_positive_int, default=None, help="stop after this many jobs (per process)")
         parser.add_argument("--poll-interval", type=float, default=None,
                             help="seconds an idle worker waits before looking again (default: POLL_INTERVAL)")
         parser.add_argument("--schedules", dest="schedules", action="store_true", default=None,
@@ -38,8 +43,6 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from django_rws_jobs.worker import Worker, worker_id
-
         self._configure_logging(options["verbosity"])
         queues = [q.strip() for q in options["queues"].split(",") if q.strip()] or None
         if options["poll_interval"] is not None and options["poll_interval"] <= 0:
@@ -48,20 +51,71 @@ class Command(BaseCommand):
             alias = queue_alias(options["database"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        worker = Worker(
+        settings = dict(
             threads=options["workers"], queues=queues, burst=options["burst"], max_jobs=options["max_jobs"],
             poll_interval=options["poll_interval"], schedules=options["schedules"], using=alias,
         )
+        if options["processes"] > 1:
+            code = self._run_processes(options["processes"], settings)
+        else:
+            code = self._run_worker(settings)
+        if code:
+            sys.exit(code)
+
+    def _run_worker(self, settings: dict[str, Any]) -> int:
+        from django_rws_jobs.worker import Worker, worker_id
+
+        worker = Worker(**settings)
         worker.install_signal_handlers()
         logging.getLogger("django_rws_jobs").info(
             "worker %s starting: %d thread(s), queues %s, database %r, lease %ss%s%s",
-            worker_id(), worker.threads,
-            ",".join(queues) if queues else "(all)", alias, jobs_settings.LEASE_SECONDS,
-            ", burst" if worker.burst else "", ", schedules on" if worker.run_schedules else "",
+            worker_id(), worker.threads, ",".join(worker.queues) if worker.queues else "(all)", worker.alias,
+            jobs_settings.LEASE_SECONDS, ", burst" if worker.burst else "",
+            ", schedules on" if worker.run_schedules else "",
         )
-        code = worker.run()
-        if code:
-            sys.exit(code)
+        return worker.run()
+
+    def _run_processes(self, count: int, settings: dict[str, Any]) -> int:
+        """Fork ``count`` worker processes and pass signals on to them; exit 0 if they all did."""
+        from django.db import connections
+
+        connections.close_all()  # a forked child must not share its parent's sockets
+        children: list[int] = []
+        for index in range(count):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    # One process runs the schedules (they are once-per-due-time anyway).
+                    child = {**settings, "schedules": settings["schedules"] if index == 0 else False}
+                    code = self._run_worker(child)
+                except BaseException:
+                    logging.getLogger("django_rws_jobs").exception("worker process %d failed", index)
+                finally:
+                    logging.shutdown()
+                    os._exit(code)
+            children.append(pid)
+
+        def forward(signum: int, frame: Any) -> None:
+            for child_pid in children:
+                try:
+                    os.kill(child_pid, signum)
+                except ProcessLookupError:
+                    pass
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        code = 0
+        for child_pid in children:
+            while True:
+                try:
+                    _, status = os.waitpid(child_pid, 0)
+                    break
+                except InterruptedError:
+                    continue
+            child_code = os.waitstatus_to_exitcode(status)
+            code = code or (child_code if child_code > 0 else 1 if child_code < 0 else 0)
+        return code
 
     def _configure_logging(self, verbosity: int) -> None:
         logger = logging.getLogger("django_rws_jobs")
