@@ -353,7 +353,7 @@ class Worker:
         roles["rws-dispatcher"] = self._dispatch_loop
         roles["rws-completer"] = self._complete_loop
         roles["rws-keeper"] = self._keeper_loop
-        if self.run_schedules:
+        if self.run_schedules and not self.burst:
             roles["rws-scheduler"] = self._scheduler_loop
         if connections[self.alias].vendor == "postgresql" and not self.burst:
             roles["rws-listener"] = self._listen_loop
@@ -371,6 +371,15 @@ class Worker:
                 logger.warning("took back %d job(s) whose worker was lost", taken)
         finally:
             holder.close()
+        if self.burst and self.run_schedules:
+            # A burst worker ticks its schedules once, before it looks for due jobs, so what they
+            # enqueue runs in this burst.
+            from .schedules import tick_schedules
+
+            try:
+                tick_schedules(using=self.alias)
+            finally:
+                connections.close_all()
         roles = self._roles()
         for name, target in roles.items():
             self._spawn(name, target)
