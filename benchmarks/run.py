@@ -186,6 +186,9 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
         results["drain"].append(rate)
         results["rss"].append(rss)
         clear()
+        if args.only_drain:
+            print(f"  {db} run {r + 1}: drain={rate:.0f} rss={rss:.0f}", file=sys.stderr)
+            continue
         results["enqueue"].append(enqueue_rate(args.enqueue))
         clear()
         results["bulk"].append(bulk_rate(args.bulk))
@@ -197,7 +200,7 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
         fill_future(args.future)
         results["drain_future"].append(drain(db, args.future_due, worker_args)[0])
         print(f"  {db} run {r + 1}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items()), file=sys.stderr)
-    med = {k: statistics.median(v) for k, v in results.items()}
+    med = {k: statistics.median(v) if v else float("nan") for k, v in results.items()}
     med["future_share"] = med["drain_future"] / med["drain"] if med["drain"] else float("nan")
     return {"median": med, "runs": results}
 
@@ -215,6 +218,7 @@ def main() -> None:
     parser.add_argument("--worker-args", default="", help="extra rws_worker arguments")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--small", action="store_true", help="tiny sizes, one run (CI)")
+    parser.add_argument("--only-drain", action="store_true", help="measure the plain drain only")
     parser.add_argument("--db-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.small:

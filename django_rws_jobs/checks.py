@@ -37,7 +37,6 @@ RULES: dict[str, tuple[str, Any, str]] = {
     "SCHEDULES": ("rws_jobs.E010", lambda v: isinstance(v, dict), "a dict of name -> schedule"),
     "RECOVERY_INTERVAL": ("rws_jobs.E011", lambda v: v is None or (_number(v) and v > 0),
                           "None or a number of seconds > 0"),
-    "CLAIM_BATCH": ("rws_jobs.E012", lambda v: _integer(v) and 1 <= v <= 1000, "an integer between 1 and 1000"),
 }
 
 

@@ -18,8 +18,6 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULES": {},
     # How often (seconds) a worker looks for expired leases; None means LEASE_SECONDS / 2.
     "RECOVERY_INTERVAL": None,
-    # Jobs one worker thread claims per statement (never more than it can start at once).
-    "CLAIM_BATCH": 1,
 }
 
 

@@ -56,7 +56,14 @@ def private_connection(alias: str) -> BaseDatabaseWrapper:
     ``close_old_connections()`` around a job never closes it, so the worker's bookkeeping does not
     reconnect for every job.
     """
-    return connections.create_connection(alias)
+    conn = connections.create_connection(alias)
+    options = conn.settings_dict.get("OPTIONS", {})
+    if conn.vendor == "postgresql" and "server_side_binding" not in options:
+        # The same few statements run for every job: with server-side binding psycopg prepares
+        # them after a few runs, and PostgreSQL stops planning each one anew. A project behind a
+        # pooler that cannot keep prepared statements sets OPTIONS["server_side_binding"] = False.
+        conn.settings_dict = {**conn.settings_dict, "OPTIONS": {**options, "server_side_binding": True}}
+    return conn
 
 
 def is_registered(conn: BaseDatabaseWrapper) -> bool:

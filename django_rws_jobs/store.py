@@ -67,6 +67,14 @@ def top_priority_select(queues: Sequence[str] | None, below: int | None) -> tupl
     return f"SELECT MAX(priority) FROM rws_jobs WHERE status = 'pending'{bound}{qsql}", [*bparams, *qparams]
 
 
+def top_band_select(columns: str, queues: Sequence[str] | None, below: int | None, now: int,
+                    limit: int) -> tuple[str, list[Any]]:
+    """band_select for the highest band (below ``below``), found by a subquery in the same statement."""
+    top_sql, top_params = top_priority_select(queues, below)
+    select, params = band_select(columns, queues, 0, now, limit)
+    return select.replace("priority = %s", f"priority = ({top_sql})", 1), [*top_params, *params[1:]]
+
+
 class Store:
     """Queue statements on one connection (the thread's Django one, or a private one)."""
 
@@ -91,21 +99,32 @@ class Store:
         below: int | None = None
         with self.conn.cursor() as c:
             while len(taken) < limit:
-                c.execute(*top_priority_select(queues, below))
-                priority = c.fetchone()[0]
-                if priority is None:
-                    break
                 want = limit - len(taken)
                 if self.vendor == "mysql":
+                    c.execute(*top_priority_select(queues, below))
+                    priority = c.fetchone()[0]
+                    if priority is None:
+                        break
                     taken += self._claim_band_mysql(set_params, queues, priority, now, want)
-                else:
-                    select, params = band_select("id", queues, priority, now, want)
-                    lock = " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
-                    c.execute(f"UPDATE rws_jobs SET {CLAIM_SET} WHERE id IN ({select}{lock}) RETURNING {CLAIM_COLUMNS}",
-                              [*set_params, *params])
+                    below = priority
+                    continue
+                # The band is found by a subquery of the claim itself: one round trip when the
+                # top band has due jobs, which is the steady state of a busy queue.
+                select, params = top_band_select("id", queues, below, now, want)
+                lock = " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
+                c.execute(f"UPDATE rws_jobs SET {CLAIM_SET} WHERE id IN ({select}{lock}) RETURNING {CLAIM_COLUMNS}",
+                          [*set_params, *params])
+                rows = c.fetchall()
+                if rows:
                     # RETURNING does not keep the subquery's order.
-                    taken += sorted(c.fetchall(), key=lambda r: (r[7], r[8], r[0]))
-                below = priority
+                    taken += sorted(rows, key=lambda r: (r[7], r[8], r[0]))
+                    below = rows[0][4]
+                    continue
+                # The top band had nothing due (or others took it): is there a band below it?
+                c.execute(*top_priority_select(queues, below))
+                below = c.fetchone()[0]
+                if below is None:
+                    break
         return [Claimed(*row, token=token) for row in taken]
 
     def _claim_band_mysql(self, set_params: list[Any], queues: Sequence[str] | None, priority: int,

@@ -133,7 +133,7 @@ def test_overview_page(page, live_server):
     dead_jobs("newsletter 3", queue="mailers")
     some_traffic()
     page.goto(f"{live_server.url}/admin/django_rws_jobs/job/")
-    page.click("text=Queue overview")
+    page.click("#content >> text=Queue overview")  # the link on the jobs page, not the sidebar
     page.wait_for_selector("#rws-queues")
     mailers = page.locator("#rws-queues tr[data-queue=mailers] td")
     assert [mailers.nth(i).inner_text() for i in (0, 1, 2)] == ["17", "5", "2 min"]

@@ -5,7 +5,7 @@ import time
 import pytest
 from django.db import connection
 
-from django_rws_jobs.store import band_select, top_priority_select
+from django_rws_jobs.store import band_select, top_band_select, top_priority_select
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -63,6 +63,8 @@ def test_claim_statements_are_index_ranges_with_many_due_and_future_rows():
         for queues in (None, ["default", "mailers"]):
             for priority in (0, 2):
                 assert_index_range(plan(*band_select("id", queues, priority, now, 16)))
+            for below in (None, 2):
+                assert_index_range(plan(*top_band_select("id", queues, below, now, 16)))
         text = plan(*top_priority_select(None, None))
         assert "rws_jobs_claim_idx" in text or "Select tables optimized away" in text or "optimized away" in text, text
         assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
