@@ -37,6 +37,7 @@ RULES: dict[str, tuple[str, Any, str]] = {
     "SCHEDULES": ("rws_jobs.E010", lambda v: isinstance(v, dict), "a dict of name -> schedule"),
     "RECOVERY_INTERVAL": ("rws_jobs.E011", lambda v: v is None or (_number(v) and v > 0),
                           "None or a number of seconds > 0"),
+    "WORKER_SYNCHRONOUS_COMMIT": ("rws_jobs.E012", lambda v: isinstance(v, bool), "True or False"),
 }
 
 

@@ -18,6 +18,9 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULES": {},
     # How often (seconds) a worker looks for expired leases; None means LEASE_SECONDS / 2.
     "RECOVERY_INTERVAL": None,
+    # PostgreSQL: whether the worker's claims and outcomes wait for the WAL flush. Off, a database
+    # crash can undo the last ones, which makes those jobs run again; no job is ever lost.
+    "WORKER_SYNCHRONOUS_COMMIT": False,
 }
 
 

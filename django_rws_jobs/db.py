@@ -57,12 +57,18 @@ def private_connection(alias: str) -> BaseDatabaseWrapper:
     reconnect for every job.
     """
     conn = connections.create_connection(alias)
-    options = conn.settings_dict.get("OPTIONS", {})
-    if conn.vendor == "postgresql" and "server_side_binding" not in options:
+    if conn.vendor == "postgresql":
+        options = dict(conn.settings_dict.get("OPTIONS", {}))
         # The same few statements run for every job: with server-side binding psycopg prepares
         # them after a few runs, and PostgreSQL stops planning each one anew. A project behind a
         # pooler that cannot keep prepared statements sets OPTIONS["server_side_binding"] = False.
-        conn.settings_dict = {**conn.settings_dict, "OPTIONS": {**options, "server_side_binding": True}}
+        options.setdefault("server_side_binding", True)
+        if not jobs_settings.WORKER_SYNCHRONOUS_COMMIT:
+            # Claims and outcomes need not wait for the WAL flush: a database crash can only undo
+            # the last of them, and an undone claim or outcome makes a job run again (the
+            # at-least-once promise), never lose it. Enqueues keep the project's durability.
+            options["options"] = f"{options.get('options', '')} -c synchronous_commit=off".strip()
+        conn.settings_dict = {**conn.settings_dict, "OPTIONS": options}
     return conn
 
 

@@ -30,6 +30,7 @@ def test_defaults_pass():
         ("SHUTDOWN_TIMEOUT", -1, "rws_jobs.E009"),
         ("SCHEDULES", [], "rws_jobs.E010"),
         ("RECOVERY_INTERVAL", 0, "rws_jobs.E011"),
+        ("WORKER_SYNCHRONOUS_COMMIT", "off", "rws_jobs.E012"),
     ],
 )
 def test_each_bad_setting_has_its_own_id(key, value, check_id):

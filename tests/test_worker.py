@@ -277,3 +277,29 @@ def test_processes_option_shares_the_work_and_stops_cleanly(workers):
     assert w.wait(30) == 0, w.output()
     assert run_counts("end") == {"1": 1} and Job.objects.count() == 0
     assert w.output().count("worker stopped") == 2
+
+
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL setting")
+def test_worker_bookkeeping_connection_settings_on_postgres(settings):
+    from django_rws_jobs.db import private_connection
+
+    def show(conn, name):
+        with conn.cursor() as c:
+            c.execute(f"SHOW {name}")
+            return c.fetchone()[0]
+
+    conn = private_connection("default")
+    try:
+        assert show(conn, "synchronous_commit") == "off"
+        assert conn.settings_dict["OPTIONS"]["server_side_binding"] is True
+    finally:
+        conn.close()
+    settings.RWS_JOBS = {"WORKER_SYNCHRONOUS_COMMIT": True}
+    conn = private_connection("default")
+    try:
+        assert show(conn, "synchronous_commit") == "on"
+    finally:
+        conn.close()
+    from django.db import connection as default
+
+    assert show(default, "synchronous_commit") == "on"  # the project's own connections are untouched
