@@ -30,6 +30,10 @@ INSERT_HEAD = (
 )
 INSERT_VALUES = "(%s, %s, %s, 'pending', 0, %s, %s, %s, %s, %s, %s, %s)"
 INSERT_SQL = INSERT_HEAD + INSERT_VALUES
+COPY_SQL = (
+    "COPY rws_jobs (id, job_type, payload, max_retries, next_run_at, created_at, queue, priority, "
+    "unique_key, unique_hash) FROM STDIN"
+)
 
 
 def _short(value: str, n: int = 40) -> str:
@@ -170,10 +174,16 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
     plain = [r for r in rows if r[-1] is None]
     with transaction.atomic(using=alias):
         with conn.cursor() as c:
-            for start in range(0, len(plain), batch_size):
-                chunk = plain[start:start + batch_size]
-                values = ", ".join([INSERT_VALUES] * len(chunk))
-                c.execute(INSERT_HEAD + values, [v for row in chunk for v in row])
+            if conn.vendor == "postgresql" and plain:
+                # COPY streams the rows: several times faster than multi-row INSERTs here.
+                with c.cursor.copy(COPY_SQL) as copy:
+                    for row in plain:
+                        copy.write_row(row)
+            else:
+                for start in range(0, len(plain), batch_size):
+                    chunk = plain[start:start + batch_size]
+                    values = ", ".join([INSERT_VALUES] * len(chunk))
+                    c.execute(INSERT_HEAD + values, [v for row in chunk for v in row])
         ids = [r[0] if r[-1] is None else _insert_unique(alias, r) for r in rows]
         _wake_local_workers(alias)
     return ids

@@ -129,32 +129,20 @@ class Store:
 
     def _claim_band_mysql(self, set_params: list[Any], queues: Sequence[str] | None, priority: int,
                           now: int, limit: int) -> list[tuple]:
-        """InnoDB locks every row a FOR UPDATE reads, also those a LIMIT then drops, so one claimer
-        would lock rows it does not take and the others would skip them. Instead: read the first
-        due ids without locking, then lock them one by one (SKIP LOCKED) until ``limit`` are ours;
-        a row another worker holds is passed over at once."""
-        select, params = band_select("id", queues, priority, now, limit + 8)
-        lock_one = f"SELECT {CLAIM_COLUMNS} FROM rws_jobs WHERE id = %s AND status = 'pending' FOR UPDATE SKIP LOCKED"
-        for _ in range(5):
-            with atomic(self.conn), self.conn.cursor() as c:
-                c.execute(select, params)
-                candidates = [r[0] for r in c.fetchall()]
-                if not candidates:
-                    return []
-                rows: list[tuple] = []
-                for job_id in candidates:
-                    c.execute(lock_one, [job_id])
-                    row = c.fetchone()
-                    if row is not None:
-                        rows.append(row)
-                        if len(rows) == limit:
-                            break
-                if rows:
-                    c.execute(f"UPDATE rws_jobs SET {CLAIM_SET} WHERE id IN ({', '.join(['%s'] * len(rows))})",
-                              [*set_params, *(r[0] for r in rows)])
-                    return rows
-            # Every candidate went to other workers meanwhile: look again at once.
-        return []
+        """No UPDATE ... RETURNING here: lock the band's first free rows, mark them, commit.
+
+        The band is read in index order with no sort, so InnoDB locks only the rows LIMIT returns
+        (a sorted FOR UPDATE would lock every row it read first) and SKIP LOCKED passes over rows
+        another worker holds.
+        """
+        select, params = band_select(CLAIM_COLUMNS, queues, priority, now, limit)
+        with atomic(self.conn), self.conn.cursor() as c:
+            c.execute(select + " FOR UPDATE SKIP LOCKED", params)
+            rows = c.fetchall()
+            if rows:
+                c.execute(f"UPDATE rws_jobs SET {CLAIM_SET} WHERE id IN ({', '.join(['%s'] * len(rows))})",
+                          [*set_params, *(r[0] for r in rows)])
+        return list(rows)
 
     def complete_many(self, jobs: Sequence[Claimed]) -> set[str]:
         """Delete finished jobs in one statement per claim; return the ids this worker still held."""
