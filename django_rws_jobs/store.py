@@ -99,25 +99,20 @@ class Store:
         below: int | None = None
         with self.conn.cursor() as c:
             while len(taken) < limit:
-                want = limit - len(taken)
+                # The band is found by a subquery of the claim itself: one statement when the top
+                # band has due jobs, which is the steady state of a busy queue.
+                select, params = top_band_select(CLAIM_COLUMNS if self.vendor == "mysql" else "id",
+                                                 queues, below, now, limit - len(taken))
                 if self.vendor == "mysql":
-                    c.execute(*top_priority_select(queues, below))
-                    priority = c.fetchone()[0]
-                    if priority is None:
-                        break
-                    taken += self._claim_band_mysql(set_params, queues, priority, now, want)
-                    below = priority
-                    continue
-                # The band is found by a subquery of the claim itself: one round trip when the
-                # top band has due jobs, which is the steady state of a busy queue.
-                select, params = top_band_select("id", queues, below, now, want)
-                lock = " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
-                c.execute(f"UPDATE rws_jobs SET {CLAIM_SET} WHERE id IN ({select}{lock}) RETURNING {CLAIM_COLUMNS}",
-                          [*set_params, *params])
-                rows = c.fetchall()
-                if rows:
+                    rows = self._claim_mysql(set_params, select, params)
+                else:
+                    lock = " FOR UPDATE SKIP LOCKED" if self.vendor == "postgresql" else ""
+                    c.execute(f"UPDATE rws_jobs SET {CLAIM_SET} WHERE id IN ({select}{lock}) "
+                              f"RETURNING {CLAIM_COLUMNS}", [*set_params, *params])
                     # RETURNING does not keep the subquery's order.
-                    taken += sorted(rows, key=lambda r: (r[7], r[8], r[0]))
+                    rows = sorted(c.fetchall(), key=lambda r: (r[7], r[8], r[0]))
+                if rows:
+                    taken += rows
                     below = rows[0][4]
                     continue
                 # The top band had nothing due (or others took it): is there a band below it?
@@ -127,15 +122,13 @@ class Store:
                     break
         return [Claimed(*row, token=token) for row in taken]
 
-    def _claim_band_mysql(self, set_params: list[Any], queues: Sequence[str] | None, priority: int,
-                          now: int, limit: int) -> list[tuple]:
+    def _claim_mysql(self, set_params: list[Any], select: str, params: list[Any]) -> list[tuple]:
         """No UPDATE ... RETURNING here: lock the band's first free rows, mark them, commit.
 
         The band is read in index order with no sort, so InnoDB locks only the rows LIMIT returns
         (a sorted FOR UPDATE would lock every row it read first) and SKIP LOCKED passes over rows
         another worker holds.
         """
-        select, params = band_select(CLAIM_COLUMNS, queues, priority, now, limit)
         with atomic(self.conn), self.conn.cursor() as c:
             c.execute(select + " FOR UPDATE SKIP LOCKED", params)
             rows = c.fetchall()
