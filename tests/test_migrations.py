@@ -26,3 +26,14 @@ def test_indexes_exist():
     assert constraints["rws_jobs_claim_idx"]["columns"] == ["status", "priority", "next_run_at", "created_at", "id"]
     assert constraints["rws_jobs_lease_idx"]["columns"] == ["status", "locked_until"]
     assert constraints["rws_jobs_unique_active"]["unique"] is True
+
+
+@pytest.mark.django_db
+def test_postgres_has_the_notify_trigger_and_no_like_index_on_the_id():
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only")
+    with connection.cursor() as c:
+        c.execute("SELECT indexdef FROM pg_indexes WHERE tablename = 'rws_jobs'")
+        assert not [d for (d,) in c.fetchall() if "varchar_pattern_ops" in d]
+        c.execute("SELECT tgname FROM pg_trigger WHERE tgrelid = 'rws_jobs'::regclass AND NOT tgisinternal")
+        assert [r[0] for r in c.fetchall()] == ["rws_jobs_notify"]

@@ -303,3 +303,24 @@ def test_worker_bookkeeping_connection_settings_on_postgres(settings):
     from django.db import connection as default
 
     assert show(default, "synchronous_commit") == "on"  # the project's own connections are untouched
+
+
+def test_a_job_enqueued_inside_the_worker_process_wakes_it(workers):
+    rws.enqueue("test.chain", "1")
+    w = workers("--workers", "2", jobs={"POLL_INTERVAL": 30})
+    # The first look happens at start; the follow-up job must not wait for the 30 s poll.
+    wait_for(lambda: run_counts() == {"after-1": 1}, timeout=10, what="the chained job")
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0
+
+
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="LISTEN/NOTIFY")
+def test_notify_wakes_an_idle_postgres_worker(workers):
+    w = workers("--workers", "1", jobs={"POLL_INTERVAL": 30})
+    time.sleep(2.0)  # started and idle, its next poll 30 s away
+    t0 = time.monotonic()
+    rws.enqueue("test.record", "notified")
+    wait_for(lambda: run_counts() == {"notified": 1}, timeout=10, what="the notified job")
+    assert time.monotonic() - t0 < 2
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0

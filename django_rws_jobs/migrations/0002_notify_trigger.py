@@ -1,6 +1,7 @@
 from django.db import migrations
 
-# PostgreSQL only: wake idle workers when jobs are inserted (a hint; workers also poll).
+# PostgreSQL only: wake idle workers when jobs are inserted (a hint; workers also poll), and no
+# LIKE index on the job id.
 CREATE = """
 CREATE OR REPLACE FUNCTION rws_jobs_notify() RETURNS trigger AS $$
 BEGIN
@@ -18,9 +19,22 @@ DROP FUNCTION IF EXISTS rws_jobs_notify();
 """
 
 
+# Django gives a varchar primary key a second, varchar_pattern_ops index for LIKE queries. Nothing
+# here searches job ids with LIKE, and every insert and delete would pay for it.
+LIKE_INDEXES = """
+SELECT indexname FROM pg_indexes
+WHERE schemaname = current_schema() AND tablename = 'rws_jobs' AND indexdef LIKE '%%varchar_pattern_ops%%'
+"""
+
+
 def forwards(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(CREATE)
+        with schema_editor.connection.cursor() as cursor:
+            cursor.execute(LIKE_INDEXES)
+            names = [row[0] for row in cursor.fetchall()]
+        for name in names:
+            schema_editor.execute(f'DROP INDEX IF EXISTS "{name}"')
 
 
 def backwards(apps, schema_editor):

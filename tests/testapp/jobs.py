@@ -62,3 +62,11 @@ def system_exit(payload: str) -> None:
 def slow_record(payload: str) -> None:
     time.sleep(0.02)
     _trace("record", payload)
+
+
+@job("test.chain")
+def chain(payload: str) -> None:
+    from django_rws_jobs import enqueue
+
+    _trace("chain", payload)
+    enqueue("test.record", f"after-{payload}")
