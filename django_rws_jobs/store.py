@@ -67,6 +67,18 @@ def top_priority_select(queues: Sequence[str] | None, below: int | None) -> tupl
     return f"SELECT MAX(priority) FROM rws_jobs WHERE status = 'pending'{bound}{qsql}", [*bparams, *qparams]
 
 
+def due_probe(queues: Sequence[str] | None, below: int | None, now: int) -> tuple[str, list[Any]]:
+    """Read-only: the top band (below ``below``) and whether it has a due job. What an idle worker
+    asks before it writes anything, so polling takes no write lock."""
+    qsql, qparams = _queue_filter(queues)
+    top_sql, top_params = top_priority_select(queues, below)
+    return (
+        f"SELECT top.p, EXISTS (SELECT 1 FROM rws_jobs WHERE status = 'pending' AND priority = top.p "
+        f"AND next_run_at <= %s{qsql}) FROM ({top_sql.replace('MAX(priority)', 'MAX(priority) AS p', 1)}) top",
+        [now, *qparams, *top_params],
+    )
+
+
 def top_band_select(columns: str, queues: Sequence[str] | None, below: int | None, now: int,
                     limit: int) -> tuple[str, list[Any]]:
     """band_select for the highest band (below ``below``), found by a subquery in the same statement."""
@@ -85,7 +97,8 @@ class Store:
     # -- claim ---------------------------------------------------------------------------------
 
     def claim(
-        self, token: str, now: int, lease_until: int, queues: Sequence[str] | None, limit: int
+        self, token: str, now: int, lease_until: int, queues: Sequence[str] | None, limit: int,
+        probe_first: bool = False,
     ) -> list[Claimed]:
         """Atomically take up to ``limit`` due jobs, in queue order, leased to ``token``.
 
@@ -99,6 +112,15 @@ class Store:
         below: int | None = None
         with self.conn.cursor() as c:
             while len(taken) < limit:
+                if probe_first:
+                    c.execute(*due_probe(queues, below, now))
+                    top, due = c.fetchone()
+                    if top is None:
+                        break
+                    if not due:
+                        below = top
+                        continue
+                    probe_first = False
                 # The band is found by a subquery of the claim itself: one statement when the top
                 # band has due jobs, which is the steady state of a busy queue.
                 select, params = top_band_select(CLAIM_COLUMNS if self.vendor == "mysql" else "id",

@@ -6,7 +6,7 @@ import time
 import pytest
 from django.db import connection
 
-from django_rws_jobs.store import band_select, top_band_select, top_priority_select
+from django_rws_jobs.store import band_select, due_probe, top_band_select, top_priority_select
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -77,6 +77,10 @@ def test_claim_statements_are_index_ranges_with_a_million_future_rows():
                 assert_index_range(plan(*band_select("id", queues, priority, now, 16)))
             for below in (None, 2):
                 assert_index_range(plan(*top_band_select("id", queues, below, now, 16)))
+        for below in (None, 2):
+            text = plan(*due_probe(None, below, now))  # the idle poll
+            assert "rws_jobs_claim_idx" in text, text
+            assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n" and "ALL" not in text, text
         text = plan(*top_priority_select(None, None))
         assert "rws_jobs_claim_idx" in text or "Select tables optimized away" in text or "optimized away" in text, text
         assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
