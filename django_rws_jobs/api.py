@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import math
+import threading
 import time
-from typing import Any, Iterable
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
 
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
@@ -88,7 +90,10 @@ def _due_at(run_at: Any, run_in: Any, now: float) -> int:
             raise TypeError(f"run_in must be a timedelta or seconds, got {type(run_in).__name__} {run_in!r:.60}")
         if not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"run_in {run_in!r} must be a finite, non-negative delay")
-        return math.ceil(now + seconds)
+        due = math.ceil(now + seconds)
+        if due > INT64_MAX:
+            raise ValueError(f"run_in {run_in!r} is too far ahead; the limit is {INT64_MAX - int(now)} seconds")
+        return due
     return int(now)
 
 
@@ -169,12 +174,13 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
                 raise TypeError(f"a job must be a job_type, a (job_type, payload) pair or a dict, got {item!r:.60}")
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"job #{index}: {exc}") from None
+    _int("batch_size", batch_size, 1, 10_000)
     alias = queue_alias(using)
     conn = connections[alias]
     plain = [r for r in rows if r[-1] is None]
     with transaction.atomic(using=alias):
         with conn.cursor() as c:
-            if conn.vendor == "postgresql" and plain:
+            if conn.vendor == "postgresql" and plain and hasattr(c.cursor, "copy"):  # psycopg 3
                 # COPY streams the rows: several times faster than multi-row INSERTs here.
                 with c.cursor.copy(COPY_SQL) as copy:
                     for row in plain:
@@ -192,7 +198,11 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
 def _insert_unique(alias: str, params: list[Any]) -> str:
     conn = connections[alias]
     digest = params[-1]
-    lock = " FOR UPDATE" if conn.features.has_select_for_update else ""
+    # A shared-lock read sees the latest commit even where a plain read sees an older snapshot
+    # (MySQL's REPEATABLE READ); it is only the fallback, because it holds the holder's row until
+    # the caller commits.
+    share = {"postgresql": " FOR SHARE", "mysql": " LOCK IN SHARE MODE"}.get(conn.vendor, "")
+    lookup = "SELECT id, status FROM rws_jobs WHERE unique_hash = %s"
     for _ in range(10):
         try:
             with transaction.atomic(using=alias), conn.cursor() as c:
@@ -200,10 +210,12 @@ def _insert_unique(alias: str, params: list[Any]) -> str:
             return params[0]
         except IntegrityError:
             pass
-        # A locking read sees the latest committed row even under MySQL's REPEATABLE READ.
         with transaction.atomic(using=alias), conn.cursor() as c:
-            c.execute(f"SELECT id, status FROM rws_jobs WHERE unique_hash = %s{lock}", [digest])
+            c.execute(lookup, [digest])
             row = c.fetchone()
+            if row is None and share:
+                c.execute(lookup + share, [digest])
+                row = c.fetchone()
             if row is not None and row[1] in (Status.PENDING, Status.RUNNING):
                 return row[0]
             if row is not None:
@@ -264,9 +276,43 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
 
     alias = queue_alias(using)
     store = Store(connections[alias])
+    lease = int(jobs_settings.LEASE_SECONDS)
     now = int(time.time())
-    claimed = store.claim(claim_token(), now, now + int(jobs_settings.LEASE_SECONDS), queues, 1)
+    claimed = store.claim(claim_token(), now, now + lease, queues, 1)
     if not claimed:
         return False
-    run_claimed(store, claimed[0])
+    with _renewing(alias, claimed[0].token, lease):
+        run_claimed(store, claimed[0])
     return True
+
+
+@contextmanager
+def _renewing(alias: str, token: str, lease: int) -> Iterator[None]:
+    """Renew a claim's lease from a side thread while the calling thread runs the job."""
+    from .db import private_connection
+    from .store import Store
+
+    done = threading.Event()
+
+    def renew() -> None:
+        conn = None
+        try:
+            while not done.wait(max(lease / 3, 0.2)):
+                try:
+                    conn = conn or private_connection(alias)
+                    Store(conn).renew([token], int(time.time()) + lease)
+                except Exception:  # a failed renewal is retried next round; the lease is long
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+        finally:
+            if conn is not None:
+                conn.close()
+
+    thread = threading.Thread(target=renew, name="rws-tick-lease", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

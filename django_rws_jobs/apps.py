@@ -10,8 +10,8 @@ class RwsJobsConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
-        from .db import configure_sqlite
+        from .db import configure_connection
         from .registry import autodiscover
 
-        connection_created.connect(configure_sqlite, dispatch_uid="django_rws_jobs.configure_sqlite")
+        connection_created.connect(configure_connection, dispatch_uid="django_rws_jobs.configure_connection")
         autodiscover()

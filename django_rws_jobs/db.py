@@ -18,10 +18,22 @@ logger = logging.getLogger("django_rws_jobs")
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
-def configure_sqlite(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+def configure_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """Set up new connections: SQLite for sharing, the worker's PostgreSQL ones for speed."""
+    if connection.vendor == "sqlite":
+        configure_sqlite(connection)
+    elif (connection.vendor == "postgresql" and getattr(connection, "rws_private", False)
+          and not jobs_settings.WORKER_SYNCHRONOUS_COMMIT):
+        # Claims and outcomes need not wait for the WAL flush: a database crash can only undo the
+        # last of them, and an undone claim or outcome makes a job run again (the at-least-once
+        # promise), never lose it. Enqueues keep the project's durability. (A SET, not a startup
+        # option, so that PgBouncer accepts it.)
+        with connection.cursor() as cursor:
+            cursor.execute("SET synchronous_commit TO off")
+
+
+def configure_sqlite(connection: BaseDatabaseWrapper) -> None:
     """Put file-backed SQLite databases in WAL mode with a busy timeout, unless the user chose."""
-    if connection.vendor != "sqlite":
-        return
     options = connection.settings_dict.get("OPTIONS", {})
     init = (options.get("init_command") or "").lower()
     if "transaction_mode" not in options:
@@ -57,18 +69,18 @@ def private_connection(alias: str) -> BaseDatabaseWrapper:
     reconnect for every job.
     """
     conn = connections.create_connection(alias)
+    options = dict(conn.settings_dict.get("OPTIONS", {}))
     if conn.vendor == "postgresql":
-        options = dict(conn.settings_dict.get("OPTIONS", {}))
         # The same few statements run for every job: with server-side binding psycopg prepares
         # them after a few runs, and PostgreSQL stops planning each one anew. A project behind a
         # pooler that cannot keep prepared statements sets OPTIONS["server_side_binding"] = False.
         options.setdefault("server_side_binding", True)
-        if not jobs_settings.WORKER_SYNCHRONOUS_COMMIT:
-            # Claims and outcomes need not wait for the WAL flush: a database crash can only undo
-            # the last of them, and an undone claim or outcome makes a job run again (the
-            # at-least-once promise), never lose it. Enqueues keep the project's durability.
-            options["options"] = f"{options.get('options', '')} -c synchronous_commit=off".strip()
-        conn.settings_dict = {**conn.settings_dict, "OPTIONS": options}
+    elif conn.vendor == "mysql":
+        # Under REPEATABLE READ, InnoDB keeps locks on rows a claim read but did not take (other
+        # queues' jobs), and other workers' SKIP LOCKED would pass them over.
+        options.setdefault("isolation_level", "read committed")
+    conn.settings_dict = {**conn.settings_dict, "OPTIONS": options}
+    conn.rws_private = True  # type: ignore[attr-defined]  (see configure_connection)
     return conn
 
 

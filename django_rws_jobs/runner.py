@@ -8,9 +8,10 @@ import time
 import traceback
 from typing import Any
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections, transaction
 
 from .conf import jobs_settings
+from .db import is_registered
 from .registry import registry
 from .signals import job_dead
 from .store import Claimed, Store
@@ -44,7 +45,7 @@ def execute(job: Claimed) -> tuple[str | None, str | None]:
     spec = registry.get(job.job_type)
     if spec is None:
         return f"no handler registered for job_type '{job.job_type}'", None
-    close_old_connections()
+    _close_old_connections()
     try:
         spec.func(job.payload)
     except Exception as exc:
@@ -56,8 +57,15 @@ def execute(job: Claimed) -> tuple[str | None, str | None]:
         )
         return f"{type(exc).__name__}: {exc}", tb
     finally:
-        close_old_connections()
+        _close_old_connections()
     return None, None
+
+
+def _close_old_connections() -> None:
+    """Django's hygiene around a request, except inside a transaction (``tick()`` called in an
+    ``atomic()`` block or a TestCase), where closing would break the caller's transaction."""
+    if not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
+        close_old_connections()
 
 
 def record(store: Store, job: Claimed, error: str | None, tb: str | None,
@@ -81,8 +89,12 @@ def record(store: Store, job: Claimed, error: str | None, tb: str | None,
             if applied:
                 logger.error("job %s (%s) moved to the dead-letter list after %d attempts: %s",
                              job.id, job.job_type, attempts, error)
-                send_dead(job.as_job(status="failed", attempts=attempts, last_error=error,
-                                     traceback=tb, failed_at=int(now)))
+                dead = job.as_job(status="failed", attempts=attempts, last_error=error, traceback=tb,
+                                  failed_at=int(now))
+                if is_registered(store.conn):  # tick() inside the caller's transaction: after it commits
+                    transaction.on_commit(lambda: send_dead(dead), using=store.conn.alias)
+                else:
+                    send_dead(dead)
     if not applied:
         logger.warning("job %s (%s): result %r dropped: claim %s no longer holds it "
                        "(its lease expired and another worker took it over)",

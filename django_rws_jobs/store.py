@@ -173,14 +173,15 @@ class Store:
                 if returning:
                     c.execute(sql + " RETURNING id", [token, *ids])
                     done.update(r[0] for r in c.fetchall())
-                else:
-                    c.execute(sql, [token, *ids])
-                    if c.rowcount == len(ids):
-                        done.update(ids)
-                    else:  # MySQL has no DELETE ... RETURNING: find out one by one
-                        for job in (j for j in jobs if j.token == token):
-                            if self.complete(job):
-                                done.add(job.id)
+                else:  # MySQL has no DELETE ... RETURNING: lock what is still ours, then delete it
+                    held = (f"SELECT id FROM rws_jobs WHERE status = 'running' AND locked_by = %s "
+                            f"AND id IN ({', '.join(['%s'] * len(ids))}) FOR UPDATE")
+                    with atomic(self.conn):
+                        c.execute(held, [token, *ids])
+                        mine = [r[0] for r in c.fetchall()]
+                        if mine:
+                            c.execute(f"DELETE FROM rws_jobs WHERE id IN ({', '.join(['%s'] * len(mine))})", mine)
+                    done.update(mine)
         return done
 
     # -- outcomes (each fenced on the claim's token) ---------------------------------------------

@@ -23,7 +23,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from django.db import DatabaseError, connections
+from django.db import close_old_connections, connections
+from django.db import Error as DjangoDbError
 
 from .conf import jobs_settings
 from .db import private_connection, queue_alias
@@ -57,24 +58,36 @@ def claim_token() -> str:
 
 
 class DatabaseRetry:
-    """Run a database call, waiting and reconnecting while the database is unreachable."""
+    """Run a database call, waiting and reconnecting while the database is unreachable.
+
+    Without ``until`` it retries until it succeeds or the worker stops (then it raises); with
+    ``until`` (a time.monotonic() deadline) it retries until then, stopping or not, because an
+    outcome must be written if at all possible.
+    """
 
     def __init__(self, conn_holder: "ConnectionHolder", stop: threading.Event):
         self.holder = conn_holder
         self.stop = stop
+        self._pause = threading.Event()  # never set: a plain wait that a stop does not cut short
 
     def __call__(self, fn: Callable[[Store], Any], *, until: float | None = None, what: str = "") -> Any:
         delay = 0.2
         while True:
             try:
                 return fn(self.holder.store())
-            except DatabaseError as exc:
+            except DjangoDbError as exc:
                 self.holder.reset()
-                if until is not None and time.monotonic() >= until:
+                give_up = (until is not None and time.monotonic() + delay >= until) or (
+                    until is None and self.stop.is_set())
+                if give_up:
+                    logger.warning("database error while %s: %s; giving up", what or "working", exc)
                     raise
                 logger.warning("database error while %s: %s; retrying in %.1fs", what or "working", exc, delay)
-                if self.stop.wait(delay) and until is None:
-                    raise
+                if until is None:
+                    if self.stop.wait(delay):
+                        raise
+                else:
+                    self._pause.wait(delay)
                 delay = min(delay * 2, 5.0)
 
 
@@ -187,14 +200,20 @@ class Worker:
                 if self.stop_event.is_set():
                     break
                 self.wake.clear()
+                # A burst may end only if nothing was running when this look began: a job that
+                # finishes meanwhile may have enqueued another.
+                busy = self.free < self.threads or bool(self.held)
                 now = int(time.time())
                 token = claim_token()
                 try:
                     claimed = db(lambda s: s.claim(token, now, now + lease, self.queues, n, probe_first=idle),
                                  what="claiming")
-                except DatabaseError:
+                except DjangoDbError:
                     break  # only when stopping
                 idle = not claimed
+                if claimed and self.stop_event.is_set():
+                    self._hand_back(claimed, "claimed as the worker stopped")
+                    break
                 if claimed:
                     self.claimed_total += len(claimed)
                     with self.cond:
@@ -207,7 +226,7 @@ class Worker:
                     continue
                 if self.burst:
                     with self.cond:
-                        if self.free == self.threads:
+                        if not busy and self.free == self.threads:
                             self.stop()  # nothing due and nothing running
                             break
                         self.cond.wait(self.poll_interval)  # a running job may enqueue more
@@ -234,7 +253,7 @@ class Worker:
                     c.execute("PRAGMA data_version")
                     if c.fetchone()[0] != version:
                         return
-        except DatabaseError:
+        except DjangoDbError:
             holder.reset()
             self.wake.wait(max(deadline - time.monotonic(), 0))
 
@@ -280,10 +299,12 @@ class Worker:
                 items = [b for b in batch if b is not None]
                 if items:
                     self._record(db, items)
+                    close_old_connections()  # job_dead receivers may have used Django's connection
                 if len(items) < len(batch):
                     return
         finally:
             holder.close()
+            connections.close_all()
 
     def _record(self, db: DatabaseRetry, items: list[tuple[Claimed, str | None, str | None]]) -> None:
         # Keep trying while the leases may still be ours; after that, recovery runs them again.
@@ -305,7 +326,7 @@ class Worker:
                 if error is not None:
                     outcomes.append(db(lambda s: record(s, job, error, tb), until=deadline,
                                        what=f"recording job {job.id}"))
-        except DatabaseError as exc:
+        except DjangoDbError as exc:
             logger.error("could not record %d job outcome(s): %s; their leases will expire and "
                          "another worker will run them again", len(items), exc)
         finally:
@@ -333,7 +354,7 @@ class Worker:
                     if time.monotonic() >= next_recovery and not self.stop_event.is_set():
                         db(lambda s: recover(s), until=time.monotonic(), what="recovering expired leases")
                         next_recovery = time.monotonic() + jobs_settings.recovery_interval
-                except DatabaseError:
+                except DjangoDbError:
                     continue  # logged by DatabaseRetry; the next round tries again
                 except Exception:
                     logger.exception("lease keeper error")
@@ -398,6 +419,11 @@ class Worker:
             taken = DatabaseRetry(holder, self.stop_event)(lambda s: recover(s), what="recovering at start")
             if taken:
                 logger.warning("took back %d job(s) whose worker was lost", taken)
+        except DjangoDbError:
+            if self.stop_event.is_set():  # stopped while the database was unreachable
+                logger.info("worker stopped before it started: the database was unreachable")
+                return self.exit_code
+            raise
         finally:
             holder.close()
         if self.burst and self.run_schedules:
@@ -423,17 +449,44 @@ class Worker:
             wakeup.listeners.discard(self.wake)
         return self._shutdown()
 
+    def _hand_back(self, jobs: list[Claimed], why: str) -> None:
+        """Release claimed jobs without charging an attempt (fenced on their claim)."""
+        holder = ConnectionHolder(self.alias)
+        try:
+            for job in jobs:
+                try:
+                    if holder.store().release(job):
+                        logger.warning("job %s (%s) handed back: %s", job.id, job.job_type, why)
+                except DjangoDbError as exc:
+                    logger.error("could not hand back job %s: %s; its lease will expire", job.id, exc)
+                    holder.reset()
+        finally:
+            holder.close()
+            with self.held_lock:
+                for job in jobs:
+                    self.held.pop((job.token, job.id), None)
+
     def _shutdown(self) -> int:
         timeout = float(jobs_settings.SHUTDOWN_TIMEOUT)
         if self.executing:
             logger.info("stopping: waiting up to %ss for %d running job(s)", timeout, len(self.executing))
         deadline = time.monotonic() + timeout
-        self._threads["rws-dispatcher"].join(5)
+        # A claim under way finishes (and hands back what it got) before the executors are told.
+        self._threads["rws-dispatcher"].join(max(timeout, 35))
         for _ in range(self.threads):
             self.work.put(None)
         for name, t in self._threads.items():
             if name.startswith("rws-job-") or name == "rws-scheduler":
                 t.join(max(deadline - time.monotonic(), 0))
+        # Record what finished, then stop renewing leases.
+        self.results.put(None)
+        self._threads["rws-completer"].join(max(float(jobs_settings.LEASE_SECONDS), 10))
+        self._keeper_stop.set()
+        for name in ("rws-keeper", "rws-listener"):
+            if name in self._threads:
+                self._threads[name].join(5)
+        # Last: jobs whose handlers are still running are handed back, and the process exits at
+        # once, so they are not run here any further while another worker may take them.
         with self.held_lock:
             unfinished = list(self.executing.values())
         while True:  # claimed but never started (only if executors are stuck)
@@ -444,24 +497,7 @@ class Worker:
             if job is not None:
                 unfinished.append(job)
         if unfinished:
-            holder = ConnectionHolder(self.alias)
-            try:
-                for job in unfinished:
-                    try:
-                        if holder.store().release(job):
-                            logger.warning("job %s (%s) did not finish within %ss; handed back unrun",
-                                           job.id, job.job_type, timeout)
-                    except DatabaseError as exc:
-                        logger.error("could not hand back job %s: %s; its lease will expire", job.id, exc)
-                        holder.reset()
-            finally:
-                holder.close()
-        self.results.put(None)
-        self._threads["rws-completer"].join(10)
-        self._keeper_stop.set()
-        for name in ("rws-keeper", "rws-listener"):
-            if name in self._threads:
-                self._threads[name].join(5)
+            self._hand_back(unfinished, f"interrupted: it did not finish within SHUTDOWN_TIMEOUT ({timeout:g}s)")
         logger.info("worker stopped: %d done, %d retried, %d dead, %d results dropped",
                     self.stats.done, self.stats.retried, self.stats.dead, self.stats.lost)
         return self.exit_code

@@ -94,6 +94,7 @@ def test_naive_run_at_is_local_time_when_use_tz_is_off():
         ({"run_in": -1}, ValueError, "run_in -1 must be a finite, non-negative delay"),
         ({"run_in": float("nan")}, ValueError, "finite, non-negative"),
         ({"run_in": "5"}, TypeError, "run_in must be a timedelta or seconds"),
+        ({"run_in": 1e19}, ValueError, "run_in 1e+19 is too far ahead; the limit is"),
         ({"max_retries": -1}, ValueError, "max_retries -1 is out of range"),
         ({"max_retries": 2**31}, ValueError, "max_retries 2147483648 is out of range"),
         ({"max_retries": 1.5}, TypeError, "max_retries must be an int"),
@@ -243,3 +244,24 @@ def test_enqueue_many_keeps_unique_semantics_and_the_callers_transaction():
             rws.enqueue_many(["x", "y"])
             raise RuntimeError
     assert Job.objects.count() == 3
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has one writer: an open write transaction "
+                    "blocks every other writer anyway")
+def test_a_duplicate_unique_enqueue_does_not_lock_the_holder():
+    # A caller whose transaction found the key taken must not keep the holder from being claimed.
+    import time as _time
+
+    from django_rws_jobs.db import private_connection
+    from django_rws_jobs.store import Store
+
+    holder = rws.enqueue("x", unique="k")
+    other = private_connection("default")
+    try:
+        with transaction.atomic():
+            assert rws.enqueue("x", unique="k") == holder
+            now = int(_time.time())
+            claimed = Store(other).claim("w#1", now, now + 60, None, 1)
+            assert [j.id for j in claimed] == [holder]
+    finally:
+        other.close()

@@ -165,3 +165,58 @@ def test_a_claim_takes_jobs_in_order_up_to_its_limit():
     claimed = Store(connection).claim("w#1", now, now + 60, None, 3)
     assert [j.payload for j in claimed] == ["4", "3", "2"]
     assert Job.objects.filter(status="pending").count() == 2
+
+
+def test_tick_inside_a_transaction_keeps_it_usable_and_signals_after_commit(runs):
+    from django.db import transaction
+
+    from tests.testapp.models import Order
+
+    seen = []
+
+    def receiver(sender, job, **kwargs):
+        seen.append(job.id)
+
+    job_dead.connect(receiver)
+    try:
+        rws.enqueue("test.record", "in-atomic")
+        dead = rws.enqueue("test.fail", "x", max_retries=0)
+        with transaction.atomic():
+            Order.objects.create(number="1")
+            assert rws.tick() and rws.tick()
+            Order.objects.create(number="2")  # the connection is still open and in the transaction
+            assert seen == []  # not before the commit
+        assert seen == [dead]
+    finally:
+        job_dead.disconnect(receiver)
+    assert runs() == [("record", "in-atomic")] and Order.objects.count() == 2
+
+
+@override_settings(RWS_JOBS={"LEASE_SECONDS": 2})
+def test_tick_renews_the_lease_while_the_handler_runs(runs):
+    import threading
+
+    from django.db import connections
+
+    from django_rws_jobs.db import private_connection
+    from django_rws_jobs.runner import recover
+
+    job_id = rws.enqueue("test.sleep", "3")
+
+    def run():
+        try:
+            rws.tick()
+        finally:
+            connections.close_all()
+
+    t = threading.Thread(target=run)
+    t.start()
+    time.sleep(2.6)  # longer than the lease: without renewal it would have expired
+    other = private_connection("default")
+    try:
+        assert recover(Store(other)) == 0
+        assert Job.objects.get(id=job_id).status == "running"
+    finally:
+        other.close()
+    t.join(10)
+    assert runs("end") == [("end", "3")] and not Job.objects.filter(id=job_id).exists()

@@ -20,12 +20,13 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 class WorkerProcess:
-    def __init__(self, tmp_path: Path, *args: str, jobs: dict | None = None, name: str = "worker"):
+    def __init__(self, tmp_path: Path, *args: str, jobs: dict | None = None, name: str = "worker",
+                 new_session: bool = False):
         self.log = tmp_path / f"{name}-{time.monotonic_ns()}.log"
         env = subprocess_env(RWS_TEST_JOBS=json.dumps(jobs or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "django", "rws_worker", *args], cwd=ROOT, env=env,
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=new_session,
         )
 
     def output(self) -> str:
@@ -181,7 +182,7 @@ def test_sigterm_hands_back_what_does_not_finish_in_time(workers):
     assert time.monotonic() - t0 < 8
     job = Job.objects.get(id=job_id)
     assert (job.status, job.attempts, job.locked_by) == ("pending", 0, None)
-    assert "handed back unrun" in w.output()
+    assert "handed back: interrupted" in w.output()
 
 
 def test_a_second_signal_exits_at_once(workers):
@@ -324,3 +325,14 @@ def test_notify_wakes_an_idle_postgres_worker(workers):
     assert time.monotonic() - t0 < 2
     w.signal(signal.SIGTERM)
     assert w.wait() == 0
+
+
+def test_a_group_wide_signal_stops_processes_gracefully(workers):
+    # Ctrl-C in a terminal, or a service manager, signals the whole process group at once.
+    rws.enqueue("test.sleep", "1")
+    w = workers("--processes", "2", "--workers", "1", new_session=True)
+    wait_for(lambda: Run.objects.filter(kind="start").exists(), what="the job to start")
+    os.killpg(w.proc.pid, signal.SIGINT)
+    assert w.wait(30) == 0, w.output()
+    assert "second signal" not in w.output()
+    assert run_counts("end") == {"1": 1} and Job.objects.count() == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -16,9 +17,12 @@ from django_rws_jobs.db import queue_alias
 
 
 def _positive_int(value: str) -> int:
-    n = int(value)
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
     if n < 1:
-        raise ValueError(value)
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of at least 1")
     return n
 
 
@@ -84,6 +88,9 @@ class Command(BaseCommand):
         for index in range(count):
             pid = os.fork()
             if pid == 0:
+                # Its own process group: a Ctrl-C or a service manager's group-wide signal reaches
+                # the parent only, which passes it on once (a child counts a second as "now").
+                os.setpgrp()
                 code = 1
                 try:
                     # One process runs the schedules (they are once-per-due-time anyway).
@@ -97,7 +104,7 @@ class Command(BaseCommand):
             children.append(pid)
 
         def forward(signum: int, frame: Any) -> None:
-            for child_pid in children:
+            for child_pid in list(children):
                 try:
                     os.kill(child_pid, signum)
                 except ProcessLookupError:
@@ -106,13 +113,14 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         code = 0
-        for child_pid in children:
+        for child_pid in list(children):
             while True:
                 try:
                     _, status = os.waitpid(child_pid, 0)
                     break
                 except InterruptedError:
                     continue
+            children.remove(child_pid)  # reaped: its pid may be reused, never signal it again
             child_code = os.waitstatus_to_exitcode(status)
             code = code or (child_code if child_code > 0 else 1 if child_code < 0 else 0)
         return code
