@@ -125,6 +125,7 @@ def recover(store: Store, now: int | None = None, limit: int = 100) -> int:
     now = int(time.time()) if now is None else now
     lease = int(jobs_settings.LEASE_SECONDS)
     store.lease_leaseless(now, now + lease)
+    store.relet_seed_claims(now, now + lease)
     taken = 0
     while True:
         expired = store.expired(now, limit)

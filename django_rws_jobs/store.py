@@ -18,6 +18,8 @@ CLAIM_COLUMNS = (
     "id, job_type, payload, queue, priority, attempts, max_retries, next_run_at, created_at, unique_key"
 )
 ORDER = "priority DESC, next_run_at ASC, created_at ASC, id ASC"
+#: Prefix of the lease given to a running row found without one (a seed writer's claim).
+SEED_MARKER = "seed:"
 CLAIM_SET = "status = 'running', locked_by = %s, locked_until = %s, started_at = %s"
 
 
@@ -257,14 +259,35 @@ class Store:
             )
             return {r[0] for r in c.fetchall()}
 
+    def _seed_marker_sql(self) -> str:
+        parts = [f"'{SEED_MARKER}'", "attempts", "':'", "next_run_at"]
+        return f"CONCAT({', '.join(parts)})" if self.vendor == "mysql" else " || ".join(parts)
+
     def lease_leaseless(self, now: int, until: int) -> int:
-        """Give running rows that carry no lease (a seed writer's) one, so they are recovered
-        only if nobody finishes them within a lease: a live Rust worker may still be running them."""
+        """Give running rows that carry no lease (a seed writer's claim) one, so they are taken
+        back only if nobody finishes them within a lease: a live Rust worker may be running them.
+
+        The lease is marked ``seed:<attempts>:<next_run_at>``: a seed writer never touches our
+        columns, so when it retries the job and claims it again the row still carries this old,
+        expired lease; the changed attempts or due time tell ``relet_seed_claims`` it is a new
+        claim, which gets a fresh lease instead of being taken from a worker that is alive.
+        """
         with self.conn.cursor() as c:
             c.execute(
-                "UPDATE rws_jobs SET locked_until = %s, locked_by = %s "
+                f"UPDATE rws_jobs SET locked_until = %s, locked_by = {self._seed_marker_sql()} "
                 "WHERE status = 'running' AND locked_until IS NULL",
-                [until, "unknown (running row found without a lease)"],
+                [until],
+            )
+            return c.rowcount
+
+    def relet_seed_claims(self, now: int, until: int) -> int:
+        """Fresh leases for seed claims whose marker no longer matches the row (see above)."""
+        with self.conn.cursor() as c:
+            c.execute(
+                f"UPDATE rws_jobs SET locked_until = %s, locked_by = {self._seed_marker_sql()} "
+                f"WHERE status = 'running' AND locked_until < %s AND locked_by LIKE %s "
+                f"AND locked_by <> {self._seed_marker_sql()}",
+                [until, now, SEED_MARKER.replace("%", "") + "%"],
             )
             return c.rowcount
 
