@@ -90,6 +90,9 @@ class Job(models.Model):
             # The claim: for each priority band, due rows in order are one range that LIMIT stops,
             # and the next band is one probe (see store.Store.claim); future rows lie past it.
             models.Index(fields=["status", "priority", "next_run_at", "created_at", "id"], name="rws_jobs_claim_idx"),
+            # Is anything due at all (an idle worker's first look), and in which band, when many
+            # bands hold only future jobs: a range over due rows only.
+            models.Index(fields=["status", "next_run_at", "priority"], name="rws_jobs_due_idx"),
             # Lease recovery: running rows whose lease ran out.
             models.Index(fields=["status", "locked_until"], name="rws_jobs_lease_idx"),
         ]

@@ -18,6 +18,9 @@ CLAIM_COLUMNS = (
     "id, job_type, payload, queue, priority, attempts, max_retries, next_run_at, created_at, unique_key"
 )
 ORDER = "priority DESC, next_run_at ASC, created_at ASC, id ASC"
+#: Bands without due jobs a claim walks through before it looks for the highest due band directly.
+MAX_EMPTY_BANDS = 8
+INT64_MAX = 2**63 - 1
 #: Prefix of the lease given to a running row found without one (a seed writer's claim).
 SEED_MARKER = "seed:"
 CLAIM_SET = "status = 'running', locked_by = %s, locked_until = %s, started_at = %s"
@@ -81,6 +84,34 @@ def due_probe(queues: Sequence[str] | None, below: int | None, now: int) -> tupl
     )
 
 
+def _due_index_hint(vendor: str) -> str:
+    # Planners that see "status = 'pending'" first may pick the claim index and read every pending
+    # row; these two queries are only fast on the due index, which reads due rows only.
+    return {"sqlite": " INDEXED BY rws_jobs_due_idx", "mysql": " FORCE INDEX (rws_jobs_due_idx)"}.get(vendor, "")
+
+
+def any_due_select(queues: Sequence[str] | None, now: int, vendor: str = "") -> tuple[str, list[Any]]:
+    """Read-only: is any job due? One probe of the due index, however many bands there are."""
+    qsql, qparams = _queue_filter(queues)
+    return (f"SELECT 1 FROM rws_jobs{_due_index_hint(vendor)} WHERE status = 'pending' AND next_run_at <= %s{qsql} "
+            f"LIMIT 1", [now, *qparams])
+
+
+def top_due_band_select(queues: Sequence[str] | None, below: int | None, now: int,
+                        vendor: str = "") -> tuple[str, list[Any]]:
+    """The highest priority among due jobs: a scan of the due rows, for when walking the bands
+    from the top would pass many that hold only future jobs."""
+    qsql, qparams = _queue_filter(queues)
+    bound, bparams = (" AND priority < %s", [below]) if below is not None else ("", [])
+    due = (f"SELECT priority FROM rws_jobs{_due_index_hint(vendor)} WHERE status = 'pending' "
+           f"AND next_run_at <= %s{bound}{qsql}")
+    if vendor == "postgresql":
+        # Left to itself PostgreSQL reads the claim index backwards for MAX, through every future
+        # row of the bands above; OFFSET 0 keeps the due rows a query of their own.
+        return f"SELECT MAX(priority) FROM ({due} OFFSET 0) AS due", [now, *bparams, *qparams]
+    return due.replace("SELECT priority", "SELECT MAX(priority)", 1), [now, *bparams, *qparams]
+
+
 def top_band_select(columns: str, queues: Sequence[str] | None, below: int | None, now: int,
                     limit: int) -> tuple[str, list[Any]]:
     """band_select for the highest band (below ``below``), found by a subquery in the same statement."""
@@ -112,8 +143,21 @@ class Store:
         set_params = [token, lease_until, now]
         taken: list[tuple] = []
         below: int | None = None
+        empty_bands = 0
         with self.conn.cursor() as c:
+            if probe_first:
+                c.execute(*any_due_select(queues, now, self.vendor))
+                if c.fetchone() is None:
+                    return []
             while len(taken) < limit:
+                if empty_bands >= MAX_EMPTY_BANDS:
+                    # Many bands above hold only future jobs: go straight to the highest due band.
+                    c.execute(*top_due_band_select(queues, below, now, self.vendor))
+                    top = c.fetchone()[0]
+                    if top is None:
+                        break
+                    below = top + 1 if top < INT64_MAX else None  # the band "below top + 1" is top
+                    empty_bands = 0
                 if probe_first:
                     c.execute(*due_probe(queues, below, now))
                     top, due = c.fetchone()
@@ -121,6 +165,7 @@ class Store:
                         break
                     if not due:
                         below = top
+                        empty_bands += 1
                         continue
                     probe_first = False
                 # The band is found by a subquery of the claim itself: one statement when the top
@@ -144,6 +189,8 @@ class Store:
                 below = c.fetchone()[0]
                 if below is None:
                     break
+                empty_bands += 1
+                probe_first = True  # the bands below may hold only future jobs: look before locking
         return [Claimed(*row, token=token) for row in taken]
 
     def _claim_mysql(self, set_params: list[Any], select: str, params: list[Any]) -> list[tuple]:

@@ -6,7 +6,14 @@ import time
 import pytest
 from django.db import connection
 
-from django_rws_jobs.store import band_select, due_probe, top_band_select, top_priority_select
+from django_rws_jobs.store import (
+    any_due_select,
+    band_select,
+    due_probe,
+    top_band_select,
+    top_due_band_select,
+    top_priority_select,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -81,6 +88,12 @@ def test_claim_statements_are_index_ranges_with_a_million_future_rows():
             text = plan(*due_probe(None, below, now))  # the idle poll
             assert "rws_jobs_claim_idx" in text, text
             assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n" and "ALL" not in text, text
+        for queues in (None, ["default"]):
+            for sql in (any_due_select(queues, now, connection.vendor),
+                        top_due_band_select(queues, None, now, connection.vendor)):
+                text = plan(*sql)
+                assert "rws_jobs_due_idx" in text, text
+                assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
         text = plan(*top_priority_select(None, None))
         assert "rws_jobs_claim_idx" in text or "Select tables optimized away" in text or "optimized away" in text, text
         assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text

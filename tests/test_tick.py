@@ -220,3 +220,23 @@ def test_tick_renews_the_lease_while_the_handler_runs(runs):
         other.close()
     t.join(10)
     assert runs("end") == [("end", "3")] and not Job.objects.filter(id=job_id).exists()
+
+
+def test_many_bands_of_future_jobs_do_not_make_a_claim_walk_them_all():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    for p in range(1, 41):
+        rws.enqueue("test.record", f"future-{p}", priority=p, run_in=3600)
+    due = rws.enqueue("test.record", "due", priority=0)
+    now = int(time.time())
+    for probe_first in (True, False):
+        with CaptureQueriesContext(connection) as queries:
+            claimed = Store(connection).claim(f"w#{probe_first}", now, now + 60, None, 1, probe_first=probe_first)
+        assert [j.id for j in claimed] == [due]
+        assert len(queries) <= 20, [q["sql"] for q in queries]
+        Job.objects.filter(id=due).update(status="pending")
+    Job.objects.filter(id=due).delete()
+    with CaptureQueriesContext(connection) as queries:
+        assert Store(connection).claim("w#idle", now, now + 60, None, 1, probe_first=True) == []
+    assert len(queries) == 1  # an idle look is one read
