@@ -64,3 +64,18 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     from .schedules import declared
 
     return [Error(str(e), id=e.check_id, obj=e.name) for e in declared()[1]]
+
+
+@register(TAG, "database")
+def check_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """The queue's SQL needs RETURNING (SQLite 3.35+)."""
+    alias = jobs_settings.DATABASE
+    if not isinstance(alias, str) or alias not in connections.settings:
+        return []  # reported by check_settings
+    if connections[alias].vendor == "sqlite":
+        import sqlite3
+
+        if sqlite3.sqlite_version_info < (3, 35):
+            return [Error(f"SQLite {sqlite3.sqlite_version} is too old for django-rws-jobs; it needs 3.35 or "
+                          "newer (UPDATE ... RETURNING)", id="rws_jobs.E013")]
+    return []

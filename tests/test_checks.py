@@ -53,3 +53,9 @@ def test_settings_are_read_at_each_access():
     with override_settings(RWS_JOBS={"MAX_RETRIES": 7}):
         assert jobs_settings.MAX_RETRIES == 7
     assert jobs_settings.MAX_RETRIES == 3
+
+
+def test_database_check_passes_here():
+    from django_rws_jobs.checks import check_database
+
+    assert check_database() == []
