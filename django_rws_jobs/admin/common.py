@@ -47,6 +47,19 @@ def pre(text: str | None) -> SafeString | str:
     return format_html('<pre class="rws-pre">{}</pre>', text)
 
 
+class ReadOnlyAdminMixin:
+    """Pages that show the queue but never add, change or delete through the admin's forms."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class QueueDatabaseAdmin(admin.ModelAdmin):
     """Reads and writes through RWS_JOBS['DATABASE'], like the queue itself.
 

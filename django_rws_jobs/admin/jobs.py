@@ -16,7 +16,7 @@ from django.utils.translation import gettext_lazy as _
 from .. import humanize
 from ..models import Job, JobQuerySet, Status
 from . import overview
-from .common import QueueDatabaseAdmin, links, now, pre, short_text, time_cell
+from .common import QueueDatabaseAdmin, ReadOnlyAdminMixin, links, now, pre, short_text, time_cell
 
 
 class DueFilter(admin.SimpleListFilter):
@@ -122,7 +122,7 @@ class JobDisplay(QueueDatabaseAdmin):
 
 
 @admin.register(Job)
-class JobAdmin(JobDisplay):
+class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
     """Every job, view only: jobs change through the queue's API, the worker and the dead-letter list."""
 
     list_display = ("id", "job_type", "status", "queue", "runs", "due", "created", "error")
@@ -131,15 +131,6 @@ class JobAdmin(JobDisplay):
     actions = None
     change_list_template = "django_rws_jobs/admin/job_change_list.html"
     change_form_template = "django_rws_jobs/admin/job_change_form.html"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def get_urls(self) -> list[URLPattern]:
         info = self.opts.app_label, self.opts.model_name

@@ -10,10 +10,11 @@ from django.http import HttpRequest, HttpResponseRedirect
 from django.urls import reverse
 
 from ..models import Job, QueueOverview
+from .common import ReadOnlyAdminMixin
 
 
 @admin.register(QueueOverview)
-class QueueOverviewAdmin(admin.ModelAdmin):
+class QueueOverviewAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def _may_view(self, request: HttpRequest) -> bool:
         return request.user.has_perm(f"{Job._meta.app_label}.view_job")
 
@@ -22,15 +23,6 @@ class QueueOverviewAdmin(admin.ModelAdmin):
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return self._may_view(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         if not self._may_view(request):
