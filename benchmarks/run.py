@@ -45,8 +45,12 @@ def setup_django(db: str) -> None:
 
 
 def reset_database(db: str) -> None:
+    from django.db import connections
+
+    connections.close_all()  # our own connection would keep the database from being dropped
     if db == "postgres":
-        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", "DROP DATABASE IF EXISTS rws_bench"], check=True)
+        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc",
+                        "DROP DATABASE IF EXISTS rws_bench WITH (FORCE)"], check=True)
         subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", "CREATE DATABASE rws_bench"], check=True)
     elif db == "mysql":
         subprocess.run(["mariadb", "-h", "127.0.0.1", "-uroot", "-e",
@@ -103,7 +107,7 @@ def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
         if left == 0:
             t1 = now
             break
-        if proc.poll() is not None:
+        if proc.poll() is not None and count_jobs() != 0:  # look again: it may have just finished
             raise RuntimeError(f"worker exited with {proc.returncode} and {left} jobs left: {proc.stderr.read()[-2000:]}")
         time.sleep(0.002)
     proc.wait(60)
@@ -136,10 +140,12 @@ def latency(db: str, count: int, gap: float, worker_args: list[str]) -> tuple[fl
 
     proc = subprocess.Popen([sys.executable, "-m", "django", "rws_worker", *worker_args],
                             cwd=ROOT, env=env_for(db), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    committed: dict[int, float] = {}
     try:
         time.sleep(2.0)  # let it start and go idle
-        for _ in range(count):
-            enqueue("bench.latency", repr(time.time()))
+        for seq in range(count):
+            enqueue("bench.latency", str(seq))
+            committed[seq] = time.time()  # the job is visible from here on
             time.sleep(gap)
         deadline = time.monotonic() + 30
         while Pickup.objects.count() < count and time.monotonic() < deadline:
@@ -147,7 +153,9 @@ def latency(db: str, count: int, gap: float, worker_args: list[str]) -> tuple[fl
     finally:
         proc.terminate()
         proc.wait(30)
-    values = sorted(p.latency * 1000 for p in Pickup.objects.all())
+    # From the commit of the enqueue to the handler's start (a worker may start a job a hair
+    # before enqueue() has returned to its caller: those count as 0).
+    values = sorted(max(p.started - committed[p.seq], 0.0) * 1000 for p in Pickup.objects.all())
     if len(values) < count:
         raise RuntimeError(f"only {len(values)} of {count} latency jobs ran")
     p99 = values[min(len(values) - 1, int(round(0.99 * (len(values) - 1))))]
@@ -164,7 +172,9 @@ def fill_future(f: int) -> None:
         if connection.vendor == "postgresql":
             c.execute(head + f"SELECT 'future-' || x, 'bench.future', {now + 86400} + x % 100000, {now} "
                       f"FROM generate_series(1, {f}) AS x")
-            c.execute("ANALYZE rws_jobs")
+            # As autovacuum would soon after such an insert; done now so that it does not run
+            # during the measurement.
+            c.execute("VACUUM ANALYZE rws_jobs")
         elif connection.vendor == "mysql":
             c.execute(head + f"SELECT CONCAT('future-', seq), 'bench.future', {now + 86400} + seq % 100000, {now} "
                       f"FROM seq_1_to_{f}")
@@ -191,6 +201,11 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
         clear()
         if args.only_drain:
             print(f"  {db} run {r + 1}: drain={rate:.0f} rss={rss:.0f}", file=sys.stderr)
+            continue
+        if args.only_latency:
+            poll = ["--poll-interval", "0.01"] if db == "mysql" else []
+            p50, p99 = latency(db, args.latency_jobs, 0.05, worker_args + poll)
+            print(f"  {db} run {r + 1}: latency p50={p50:.1f} p99={p99:.1f}", file=sys.stderr)
             continue
         results["enqueue"].append(enqueue_rate(args.enqueue))
         clear()
@@ -225,6 +240,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--small", action="store_true", help="tiny sizes, one run (CI)")
     parser.add_argument("--only-drain", action="store_true", help="measure the plain drain only")
+    parser.add_argument("--only-latency", action="store_true", help="measure the pickup latency only")
     parser.add_argument("--db-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.small:
@@ -241,7 +257,7 @@ def main() -> None:
         child = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--db-child", db], cwd=ROOT,
                                stdout=subprocess.PIPE, text=True, check=True)
         out["results"][db] = json.loads(child.stdout.strip().splitlines()[-1])
-    (HERE / "results").mkdir(exist_ok=True)
+        (HERE / "results" / f"{db}.json").write_text(json.dumps({**out, "results": {db: out["results"][db]}}, indent=2))
     (HERE / "results" / "latest.json").write_text(json.dumps(out, indent=2))
     print(table(out))
 

@@ -231,17 +231,19 @@ class Worker:
                             break
                         self.cond.wait(self.poll_interval)  # a running job may enqueue more
                     continue
-                self._idle_wait(holder)
+                # Woken by a hint (NOTIFY, a job enqueued in this process, another process's
+                # write on SQLite), claim straight away; after a plain poll interval, look with
+                # read-only statements first.
+                idle = not self._idle_wait(holder)
         finally:
             holder.close()
 
-    def _idle_wait(self, holder: ConnectionHolder) -> None:
-        """Wait until woken or POLL_INTERVAL passes. On SQLite, also until another connection
-        commits to the file: ``PRAGMA data_version`` tells without reading a table, so an idle
-        worker notices new jobs within milliseconds for next to nothing."""
+    def _idle_wait(self, holder: ConnectionHolder) -> bool:
+        """Wait until woken or POLL_INTERVAL passes; True when woken by a hint. On SQLite, also
+        until another connection commits to the file: ``PRAGMA data_version`` tells without
+        reading a table, so an idle worker notices new jobs within milliseconds for next to nothing."""
         if self.vendor != "sqlite":
-            self.wake.wait(self.poll_interval)
-            return
+            return self.wake.wait(self.poll_interval)
         deadline = time.monotonic() + self.poll_interval
         try:
             with holder.store().conn.cursor() as c:
@@ -249,13 +251,14 @@ class Worker:
                 version = c.fetchone()[0]
                 while not self.wake.wait(min(SQLITE_WATCH_INTERVAL, max(deadline - time.monotonic(), 0))):
                     if time.monotonic() >= deadline:
-                        return
+                        return False
                     c.execute("PRAGMA data_version")
                     if c.fetchone()[0] != version:
-                        return
+                        return True
+                return True
         except DjangoDbError:
             holder.reset()
-            self.wake.wait(max(deadline - time.monotonic(), 0))
+            return self.wake.wait(max(deadline - time.monotonic(), 0))
 
     def _execute_loop(self) -> None:
         name = threading.current_thread().name

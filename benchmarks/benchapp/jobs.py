@@ -12,4 +12,5 @@ def noop(payload: str) -> None:
 def latency(payload: str) -> None:
     from .models import Pickup
 
-    Pickup.objects.create(latency=time.time() - float(payload))
+    started = time.time()
+    Pickup.objects.create(seq=int(payload), started=started)

@@ -2,6 +2,7 @@ from django.db import models
 
 
 class Pickup(models.Model):
-    """Seconds from enqueue to the handler starting, written by the latency handler."""
+    """When the latency handler started job number ``seq`` (unix seconds)."""
 
-    latency = models.FloatField()
+    seq = models.IntegerField()
+    started = models.FloatField()
