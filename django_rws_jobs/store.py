@@ -294,18 +294,6 @@ class Store:
             )
             return c.rowcount
 
-    def held(self, tokens: Sequence[str]) -> set[str]:
-        """The job ids still held under these claim tokens."""
-        if not tokens:
-            return set()
-        with self.conn.cursor() as c:
-            c.execute(
-                f"SELECT id FROM rws_jobs WHERE status = 'running' "
-                f"AND locked_by IN ({', '.join(['%s'] * len(tokens))})",
-                list(tokens),
-            )
-            return {r[0] for r in c.fetchall()}
-
     def _seed_marker_sql(self) -> str:
         parts = [f"'{SEED_MARKER}'", "attempts", "':'", "next_run_at"]
         return f"CONCAT({', '.join(parts)})" if self.vendor == "mysql" else " || ".join(parts)
