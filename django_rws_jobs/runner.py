@@ -40,6 +40,11 @@ def retry_at(attempts: int, now: float | None = None) -> int:
     return math.ceil(now + backoff_delay(attempts))
 
 
+def describe(exc: BaseException) -> str:
+    """What last_error records for a failure: the exception type and message."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 def execute(job: Claimed) -> tuple[str | None, str | None]:
     """Call the job's handler outside any transaction; return (error, traceback) or (None, None)."""
     spec = registry.get(job.job_type)
@@ -55,7 +60,7 @@ def execute(job: Claimed) -> tuple[str | None, str | None]:
             job.id, job.job_type, job.attempts + 1, job.max_retries + 1, type(exc).__name__, exc,
             exc_info=True,
         )
-        return f"{type(exc).__name__}: {exc}", tb
+        return describe(exc), tb
     finally:
         _close_old_connections()
     return None, None

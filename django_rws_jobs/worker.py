@@ -28,7 +28,7 @@ from django.db import Error as DjangoDbError
 
 from .conf import jobs_settings
 from .db import private_connection, queue_alias
-from .runner import execute, record, recover
+from .runner import describe, execute, record, recover
 from .store import Claimed, Store
 
 logger = logging.getLogger("django_rws_jobs")
@@ -276,7 +276,7 @@ class Worker:
                 except BaseException as exc:
                     # SystemExit and the like: record the failure, then let this thread die (the
                     # supervisor replaces it).
-                    fatal, error, tb = exc, f"{type(exc).__name__}: {exc}", traceback.format_exc()
+                    fatal, error, tb = exc, describe(exc), traceback.format_exc()
                 finally:
                     self.executing.pop(name, None)
                     self.results.put((job, error, tb))
