@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -277,7 +278,8 @@ def test_dead_letter_list_holds_failed_jobs_newest_failure_first(admin_client):
     response = admin_client.get(DEAD)
     assert result_ids(response) == ["new", "mid", "old", "seed"]
     page = response.content.decode()
-    assert "10 s ago" in page and "50 min ago" in page
+    # The first request of a run can take a second or two on a cold machine: allow the clock to move.
+    assert re.search(r"\b1[0-4] s ago", page) and "50 min ago" in page
     assert "Retry selected dead jobs" in page and "Delete selected dead jobs" in page
 
 
