@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -17,9 +18,22 @@ logger = logging.getLogger("django_rws_jobs")
 #: processes and a web process share one file, and a writer waits for another rather than fail.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
+_thread = threading.local()
+
+
+def thread_connected() -> bool:
+    """True once the calling thread has opened a database connection (Django's or a private one).
+
+    A worker's executor thread asks this after each job: while its handlers never touched the
+    database there is nothing for ``close_old_connections()`` to look at, and skipping it saves
+    most of a no-op job's cost.
+    """
+    return getattr(_thread, "connected", False)
+
 
 def configure_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
     """Set up new connections: SQLite for sharing, the worker's PostgreSQL ones for speed."""
+    _thread.connected = True
     if connection.vendor == "sqlite":
         configure_sqlite(connection)
     elif (connection.vendor == "postgresql" and getattr(connection, "rws_private", False)

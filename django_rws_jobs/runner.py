@@ -11,7 +11,7 @@ from typing import Any
 from django.db import close_old_connections, connections, transaction
 
 from .conf import jobs_settings
-from .db import is_registered
+from .db import is_registered, thread_connected
 from .registry import registry
 from .signals import job_dead
 from .store import Claimed, Store
@@ -50,7 +50,6 @@ def execute(job: Claimed) -> tuple[str | None, str | None]:
     spec = registry.get(job.job_type)
     if spec is None:
         return f"no handler registered for job_type '{job.job_type}'", None
-    _close_old_connections()
     try:
         spec.func(job.payload)
     except Exception as exc:
@@ -67,9 +66,11 @@ def execute(job: Claimed) -> tuple[str | None, str | None]:
 
 
 def _close_old_connections() -> None:
-    """Django's hygiene around a request, except inside a transaction (``tick()`` called in an
-    ``atomic()`` block or a TestCase), where closing would break the caller's transaction."""
-    if not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
+    """Django's hygiene after a request, after each job: close connections that are broken or past
+    CONN_MAX_AGE. (After, not also before: the thread that runs the next job ran this after the
+    last one.) Skipped in a thread that never connected, and inside a transaction (``tick()``
+    called in an ``atomic()`` block or a TestCase), where closing would break the caller's work."""
+    if thread_connected() and not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
         close_old_connections()
 
 

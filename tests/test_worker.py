@@ -106,6 +106,17 @@ def test_max_jobs_stops_the_worker(workers):
     assert len(run_counts()) == 2 and Job.objects.count() == 3
 
 
+def test_a_handlers_connection_is_closed_after_each_job(workers):
+    # Django's request hygiene, per job: with CONN_MAX_AGE = 0 (the default) the connection a
+    # handler opened is closed when the job ends, so the next job on that thread opens its own.
+    for i in range(3):
+        rws.enqueue("test.connection", str(i))
+    assert workers("--workers", "1", "--burst").wait() == 0
+    opened = sorted(run_counts("connection"), key=lambda p: int(p.split(":")[0]))
+    counts = [int(p.split(":")[1]) for p in opened]
+    assert len(counts) == 3 and counts[0] < counts[1] < counts[2], opened
+
+
 def test_a_second_worker_leaves_a_live_lease_alone(workers):
     job_id = rws.enqueue("test.sleep", "3")
     first = workers("--workers", "1")

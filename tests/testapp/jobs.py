@@ -70,3 +70,22 @@ def chain(payload: str) -> None:
 
     _trace("chain", payload)
     enqueue("test.record", f"after-{payload}")
+
+
+_opened = 0
+
+
+def _count_connection(sender, connection, **kwargs) -> None:
+    global _opened
+    _opened += 1
+
+
+@job("test.connection")
+def which_connection(payload: str) -> None:
+    """Records how many connections this process had opened once this job's is open."""
+    from django.db import connection
+    from django.db.backends.signals import connection_created
+
+    connection_created.connect(_count_connection, dispatch_uid="tests.count_connection")
+    connection.ensure_connection()
+    _trace("connection", f"{payload}:{_opened}")
