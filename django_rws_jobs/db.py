@@ -20,6 +20,10 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 _thread = threading.local()
 
+#: psycopg's prepare_threshold for the worker's PostgreSQL connections: only statements executed
+#: with ``prepare=True`` (the hot ones, see store.Store) are prepared.
+PREPARE_WHEN_ASKED = 2**31 - 1
+
 
 def thread_connected() -> bool:
     """True once the calling thread has opened a database connection (Django's or a private one).
@@ -36,14 +40,20 @@ def configure_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs:
     _thread.connected = True
     if connection.vendor == "sqlite":
         configure_sqlite(connection)
-    elif (connection.vendor == "postgresql" and getattr(connection, "rws_private", False)
-          and not jobs_settings.WORKER_SYNCHRONOUS_COMMIT):
-        # Claims and outcomes need not wait for the WAL flush: a database crash can only undo the
-        # last of them, and an undone claim or outcome makes a job run again (the at-least-once
-        # promise), never lose it. Enqueues keep the project's durability. (A SET, not a startup
-        # option, so that PgBouncer accepts it.)
+    elif connection.vendor == "postgresql" and getattr(connection, "rws_private", False):
+        # (SETs, not startup options, so that PgBouncer accepts them.)
         with connection.cursor() as cursor:
-            cursor.execute("SET synchronous_commit TO off")
+            # The worker's statements are all index ranges, and some are prepared: a plan made
+            # once for any parameters while the table was small (a few rows, or none yet) would
+            # read the whole table once it holds a million. Without sequential scans the
+            # planner keeps to the indexes whatever the table's size (tests/test_explain.py).
+            cursor.execute("SET enable_seqscan TO off")
+            if not jobs_settings.WORKER_SYNCHRONOUS_COMMIT:
+                # Claims and outcomes need not wait for the WAL flush: a database crash can only
+                # undo the last of them, and an undone claim or outcome makes a job run again
+                # (the at-least-once promise), never lose it. Enqueues keep the project's
+                # durability.
+                cursor.execute("SET synchronous_commit TO off")
 
 
 def configure_sqlite(connection: BaseDatabaseWrapper) -> None:
@@ -85,10 +95,13 @@ def private_connection(alias: str) -> BaseDatabaseWrapper:
     conn = connections.create_connection(alias)
     options = dict(conn.settings_dict.get("OPTIONS", {}))
     if conn.vendor == "postgresql":
-        # The same few statements run for every job: with server-side binding psycopg prepares
-        # them after a few runs, and PostgreSQL stops planning each one anew. A project behind a
+        # The same few statements run for every job: the Store prepares them (and only them: a
+        # threshold no statement reaches keeps psycopg from preparing anything else, whose generic
+        # plan nobody checked), so PostgreSQL stops planning each one anew. A project behind a
         # pooler that cannot keep prepared statements sets OPTIONS["server_side_binding"] = False.
         options.setdefault("server_side_binding", True)
+        if options["server_side_binding"] is True:
+            options.setdefault("prepare_threshold", PREPARE_WHEN_ASKED)
     elif conn.vendor == "mysql":
         # Under REPEATABLE READ, InnoDB keeps locks on rows a claim read but did not take (other
         # queues' jobs), and other workers' SKIP LOCKED would pass them over.

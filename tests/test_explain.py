@@ -9,6 +9,7 @@ from django.db import connection
 from django_rws_jobs.store import (
     any_due_select,
     band_select,
+    claim_update,
     due_probe,
     top_band_select,
     top_due_band_select,
@@ -66,6 +67,46 @@ def plan(sql: str, params: list) -> str:
         return "\n".join(str(r[-1]) for r in c.fetchall())
 
 
+def generic_plan(sql: str, params: list) -> str:
+    """PostgreSQL's plan for ``sql`` prepared, whatever the parameters: the plan the worker's
+    prepared statements settle on after a few runs."""
+    n = 0
+
+    def numbered(_):
+        nonlocal n
+        n += 1
+        return f"${n}"
+
+    import re
+
+    from django_rws_jobs.db import private_connection
+
+    text = re.sub("%s", numbered, sql.replace("%%", "%"))
+    conn = private_connection("default")  # with the worker's session settings
+    try:
+        with conn.cursor() as c:
+            c.execute("SET plan_cache_mode TO force_generic_plan")
+            c.execute(f"PREPARE rws_claim AS {text}")
+            literals = ", ".join(str(v) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'"
+                                 for v in params)
+            c.execute(f"EXPLAIN EXECUTE rws_claim({literals})")
+            return "\n".join(r[0] for r in c.fetchall())
+    finally:
+        conn.close()
+
+
+def assert_prepared_claims_are_index_ranges(now: int) -> None:
+    # The claim as the worker runs it, prepared: its generic plan must be the index range too
+    # (with LIMIT bound as a parameter it was a full scan and a hash join; on a table of a few
+    # rows, a full scan and a sort, kept once the table has grown, without enable_seqscan off).
+    for queues in (None, ["default", "mailers"]):
+        for limit in (1, 4, 16):
+            select, params = top_band_select("id", queues, None, now, limit)
+            text = generic_plan(claim_update(select, "postgresql"), ["token", now + 60, now, *params])
+            assert_index_range(text)
+            assert "rws_jobs_pkey" in text, text
+
+
 def assert_index_range(text: str) -> None:
     assert "rws_jobs_claim_idx" in text, text
     assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text  # no full scan
@@ -84,6 +125,8 @@ def test_claim_statements_are_index_ranges_with_a_million_future_rows():
                 assert_index_range(plan(*band_select("id", queues, priority, now, 16)))
             for below in (None, 2):
                 assert_index_range(plan(*top_band_select("id", queues, below, now, 16)))
+        if connection.vendor == "postgresql":
+            assert_prepared_claims_are_index_ranges(now)
         for below in (None, 2):
             text = plan(*due_probe(None, below, now))  # the idle poll
             assert "rws_jobs_claim_idx" in text, text
@@ -99,3 +142,12 @@ def test_claim_statements_are_index_ranges_with_a_million_future_rows():
         assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
         text = plan(*top_priority_select(None, 2))
         assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
+
+
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL prepared statements")
+@pytest.mark.parametrize("rows", [0, 10])
+def test_prepared_claims_are_index_ranges_on_a_small_table(rows):
+    # A worker that starts on an empty queue prepares its claim then: the plan must still be the
+    # one a million rows need.
+    now = fill(0, rows)
+    assert_prepared_claims_are_index_ranges(now)

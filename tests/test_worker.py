@@ -305,6 +305,7 @@ def test_worker_bookkeeping_connection_settings_on_postgres(settings):
     conn = private_connection("default")
     try:
         assert show(conn, "synchronous_commit") == "off"
+        assert show(conn, "enable_seqscan") == "off"  # prepared plans keep to the indexes
         assert conn.settings_dict["OPTIONS"]["server_side_binding"] is True
     finally:
         conn.close()
@@ -317,6 +318,40 @@ def test_worker_bookkeeping_connection_settings_on_postgres(settings):
     from django.db import connection as default
 
     assert show(default, "synchronous_commit") == "on"  # the project's own connections are untouched
+    assert show(default, "enable_seqscan") == "on"
+
+
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL setting")
+def test_worker_prepares_its_hot_statements_only_with_server_side_binding(settings):
+    from django_rws_jobs.db import private_connection
+    from django_rws_jobs.store import Store
+
+    def prepared_after_a_drain(options):
+        for i in range(12):
+            rws.enqueue("test.noop", str(i))
+        settings.DATABASES["default"]["OPTIONS"] = options
+        claimer = Store(private_connection("default"))
+        try:
+            for i in range(6):
+                claimer.complete_many(claimer.claim(f"t{i}", int(time.time()), int(time.time()) + 60, None, 2))
+            with claimer.conn.cursor() as c:
+                c.execute("SELECT statement FROM pg_prepared_statements")
+                return [r[0].split(" WHERE")[0] for r in c.fetchall()]
+        finally:
+            claimer.conn.close()
+
+    original = settings.DATABASES["default"].get("OPTIONS", {})
+    try:
+        assert sorted(prepared_after_a_drain(dict(original))) == [
+            "DELETE FROM rws_jobs",
+            "UPDATE rws_jobs SET status = 'running', locked_by = $1, locked_until = $2, started_at = $3",
+        ]
+        assert Job.objects.count() == 0
+        # Behind a pooler that cannot keep prepared statements: nothing is prepared.
+        assert prepared_after_a_drain({**original, "server_side_binding": False}) == []
+        assert Job.objects.count() == 0
+    finally:
+        settings.DATABASES["default"]["OPTIONS"] = original  # a nested dict: the fixture would not restore it
 
 
 def test_a_job_enqueued_inside_the_worker_process_wakes_it(workers):
