@@ -151,3 +151,30 @@ def test_prepared_claims_are_index_ranges_on_a_small_table(rows):
     # one a million rows need.
     now = fill(0, rows)
     assert_prepared_claims_are_index_ranges(now)
+
+
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL planner settings")
+def test_claim_keeps_to_the_claim_index_with_statistics_from_before_a_burst():
+    # Statistics taken while due times were all different, then a burst of jobs enqueued in one
+    # second (one next_run_at) before autovacuum analyzes again: left to itself PostgreSQL read
+    # every due row through the due index and sorted them (an incremental sort on one huge group).
+    from django_rws_jobs.db import private_connection
+
+    now = int(time.time())
+    with connection.cursor() as c:
+        c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at) "
+                  "SELECT 'a' || x, 't', %s + x, %s FROM generate_series(1, 3000) AS g(x)", [now - 10000, now - 10000])
+    analyze()
+    with connection.cursor() as c:
+        c.execute("DELETE FROM rws_jobs")
+        c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at) "
+                  "SELECT 'b' || x, 't', %s, %s FROM generate_series(1, 20000) AS g(x)", [now - 5, now - 5])
+    select, params = top_band_select("id", None, None, now, 4)
+    conn = private_connection("default")  # with the worker's session settings
+    try:
+        with conn.cursor() as c:
+            c.execute("EXPLAIN " + claim_update(select, "postgresql"), ["token", now + 60, now, *params])
+            text = "\n".join(r[0] for r in c.fetchall())
+    finally:
+        conn.close()
+    assert_index_range(text)
