@@ -33,13 +33,12 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
-    from benchmarks.run import clear, reset_database
+    from benchmarks.run import reset_database
     from django_rws_jobs import enqueue_many
     from django_rws_jobs.db import private_connection
     from django_rws_jobs.store import Store
 
     reset_database(args.db)
-    clear()
     ids = sorted(enqueue_many([("bench.noop", "")] * args.jobs))
     if connection.vendor == "postgresql":
         with connection.cursor() as c:

@@ -97,14 +97,17 @@ class ConnectionHolder:
     def __init__(self, alias: str):
         self.alias = alias
         self._conn = None
+        self._store: Store | None = None
 
     def store(self) -> Store:
-        if self._conn is None:
+        # One Store per connection: it is asked for on every claim and completion.
+        if self._store is None:
             self._conn = private_connection(self.alias)
-        return Store(self._conn)
+            self._store = Store(self._conn)
+        return self._store
 
     def reset(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, self._conn, self._store = self._conn, None, None
         if conn is not None:
             try:
                 conn.close()

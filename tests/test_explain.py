@@ -70,18 +70,13 @@ def plan(sql: str, params: list) -> str:
 def generic_plan(sql: str, params: list) -> str:
     """PostgreSQL's plan for ``sql`` prepared, whatever the parameters: the plan the worker's
     prepared statements settle on after a few runs."""
-    n = 0
-
-    def numbered(_):
-        nonlocal n
-        n += 1
-        return f"${n}"
-
+    import itertools
     import re
 
     from django_rws_jobs.db import private_connection
 
-    text = re.sub("%s", numbered, sql.replace("%%", "%"))
+    numbers = itertools.count(1)
+    text = re.sub("%s", lambda _: f"${next(numbers)}", sql.replace("%%", "%"))
     conn = private_connection("default")  # with the worker's session settings
     try:
         with conn.cursor() as c:
