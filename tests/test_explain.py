@@ -7,6 +7,7 @@ import pytest
 from django.db import connection
 
 from django_rws_jobs.store import (
+    after_point,
     any_due_select,
     band_select,
     claim_update,
@@ -173,3 +174,21 @@ def test_claim_keeps_to_the_claim_index_with_statistics_from_before_a_burst():
     finally:
         conn.close()
     assert_index_range(text)
+
+
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "mysql", reason="MariaDB's resumed claims")
+def test_a_resumed_claim_is_one_index_range_over_all_five_columns():
+    # The range must start at the point (all five columns of the claim index), or it would read
+    # the delete-marked entries of the rows claimed a moment ago, which is what resuming avoids.
+    import json
+
+    now = fill(FUTURE_ROWS, 5000)
+    # Claims resume only without a queue filter: with one, the top band's subquery is not known
+    # when MariaDB plans, and the point could not bound the range. (The top band here is 2.)
+    select, params = top_band_select("id", None, None, now, 4)
+    for point in ((2, now - 8, now, "d2500"), (2, now - 3, now - 5, "d1")):
+        text = plan(*after_point(select, params, point))
+        assert_index_range(text)
+        table = json.loads(text)["query_block"]["nested_loop"][0]["table"]
+        assert table["key"] == "rws_jobs_claim_idx", text
+        assert table["used_key_parts"] == ["status", "priority", "next_run_at", "created_at", "id"], text

@@ -167,6 +167,61 @@ def test_a_claim_takes_jobs_in_order_up_to_its_limit():
     assert Job.objects.filter(status="pending").count() == 2
 
 
+def _claim(store, token, limit):
+    now = int(time.time())
+    return [j.payload for j in store.claim(token, now, now + 60, None, limit)]
+
+
+def test_a_job_handed_back_behind_the_last_claim_is_taken_by_the_next_short_claim():
+    # MariaDB's claims start after the row the last one stopped at (store.after_point); a job
+    # that sorts before that point must still be found: by the first claim that comes back short.
+    from django.db import connection
+
+    for i in range(10):
+        rws.enqueue("test.record", str(i))
+    store = Store(connection)
+    first = store.claim("w#1", int(time.time()), int(time.time()) + 60, None, 4)
+    assert [j.payload for j in first] == ["0", "1", "2", "3"]
+    assert store.release(first[0])
+    second, third = _claim(store, "w#2", 4), _claim(store, "w#3", 4)
+    assert sorted(second + third) == ["0", "4", "5", "6", "7", "8", "9"]
+    for claimed in (second, third):
+        assert claimed == sorted(claimed)  # each claim in queue order
+    assert Job.objects.filter(status="pending").count() == 0
+
+
+def test_a_job_handed_back_behind_the_last_claim_is_in_order_again_after_resume_seconds(monkeypatch):
+    from django.db import connection
+
+    from django_rws_jobs import store as store_module
+
+    monkeypatch.setattr(store_module, "RESUME_SECONDS", 0.2)
+    for i in range(10):
+        rws.enqueue("test.record", str(i))
+    store = Store(connection)
+    now = int(time.time())
+    first = store.claim("w#1", now, now + 60, None, 4)
+    assert store.release(first[0])
+    time.sleep(0.3)
+    assert _claim(store, "w#2", 4) == ["0", "4", "5", "6"]
+
+
+def test_a_higher_priority_job_enqueued_after_a_claim_comes_first():
+    from django.db import connection
+
+    for i in range(6):
+        rws.enqueue("test.record", str(i))
+    store = Store(connection)
+    assert _claim(store, "w#1", 2) == ["0", "1"]
+    high = rws.enqueue("test.record", "high", priority=5)
+    Job.objects.filter(id=high).update(next_run_at=int(time.time()) - 100)  # before the last claim's row
+    rws.enqueue("test.record", "high-2", priority=5)
+    rws.enqueue("test.record", "low", priority=-5)
+    assert _claim(store, "w#2", 1) == ["high"]
+    assert _claim(store, "w#3", 2) == ["high-2", "2"]
+    assert _claim(store, "w#4", 10) == ["3", "4", "5", "low"]
+
+
 def test_tick_inside_a_transaction_keeps_it_usable_and_signals_after_commit(runs):
     from django.db import transaction
 
