@@ -118,9 +118,9 @@ def test_claim_statements_are_index_ranges_with_a_million_future_rows():
             analyze()
         for queues in (None, ["default", "mailers"]):
             for priority in (0, 2):
-                assert_index_range(plan(*band_select("id", queues, priority, now, 16)))
+                assert_index_range(plan(*band_select("id", queues, priority, now, 16, connection.vendor)))
             for below in (None, 2):
-                assert_index_range(plan(*top_band_select("id", queues, below, now, 16)))
+                assert_index_range(plan(*top_band_select("id", queues, below, now, 16, connection.vendor)))
         if connection.vendor == "postgresql":
             assert_prepared_claims_are_index_ranges(now)
         for below in (None, 2):
@@ -185,7 +185,7 @@ def test_a_resumed_claim_is_one_index_range_over_all_five_columns():
     now = fill(FUTURE_ROWS, 5000)
     # Claims resume only without a queue filter: with one, the top band's subquery is not known
     # when MariaDB plans, and the point could not bound the range. (The top band here is 2.)
-    select, params = top_band_select("id", None, None, now, 4)
+    select, params = top_band_select("id", None, None, now, 4, connection.vendor)
     for point in ((2, now - 8, now, "d2500"), (2, now - 3, now - 5, "d1")):
         text = plan(*after_point(select, params, point))
         assert_index_range(text)
