@@ -111,6 +111,10 @@ def private_connection(alias: str) -> BaseDatabaseWrapper:
         # Under REPEATABLE READ, InnoDB keeps locks on rows a claim read but did not take (other
         # queues' jobs), and other workers' SKIP LOCKED would pass them over.
         options.setdefault("isolation_level", "read committed")
+        # The claim sends BEGIN with its first statement and COMMIT with its last (two round trips
+        # fewer): mysqlclient allows several statements per call unless told not to. Only this
+        # module's statements run on this connection, their parameters escaped by the driver.
+        options.pop("multi_statements", None)
     conn.settings_dict = {**conn.settings_dict, "OPTIONS": options}
     conn.rws_private = True  # type: ignore[attr-defined]  (see configure_connection)
     return conn

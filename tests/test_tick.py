@@ -222,6 +222,39 @@ def test_a_higher_priority_job_enqueued_after_a_claim_comes_first():
     assert _claim(store, "w#4", 10) == ["3", "4", "5", "low"]
 
 
+@pytest.mark.skipif(__import__("os").environ.get("RWS_TEST_DB", "sqlite") != "mysql",
+                    reason="MariaDB's claim sends BEGIN and COMMIT with its statements")
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_mariadb_claim_that_fails_midway_rolls_back_and_its_connection_claims_again(resumed):
+    from django.db import DatabaseError, connection
+
+    from django_rws_jobs.db import private_connection
+
+    with connection.cursor() as c:
+        c.execute("CREATE TRIGGER rws_test_boom BEFORE UPDATE ON rws_jobs FOR EACH ROW "
+                  "BEGIN IF NEW.locked_by = 'boom' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'boom'; "
+                  "END IF; END")
+    store, other = Store(private_connection("default")), Store(private_connection("default"))
+    try:
+        for i in range(4):
+            rws.enqueue("test.record", str(i))
+        if resumed:  # the next claim starts after this one's row
+            assert _claim(store, "w#0", 1) == ["0"]
+        with pytest.raises(DatabaseError, match="boom"):
+            _claim(store, "boom", 2)
+        assert not Job.objects.filter(locked_by="boom").exists()
+        # Nothing stayed locked (SKIP LOCKED would pass over it) and the connection works.
+        assert _claim(other, "w#1", 10) == (["1", "2", "3"] if resumed else ["0", "1", "2", "3"])
+        assert _claim(store, "w#2", 2) == []
+        rws.enqueue("test.record", "later")
+        assert _claim(store, "w#3", 2) == ["later"]
+    finally:
+        store.conn.close()
+        other.conn.close()
+        with connection.cursor() as c:
+            c.execute("DROP TRIGGER rws_test_boom")
+
+
 def test_tick_inside_a_transaction_keeps_it_usable_and_signals_after_commit(runs):
     from django.db import transaction
 
