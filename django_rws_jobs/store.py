@@ -104,6 +104,18 @@ def due_probe(queues: Sequence[str] | None, below: int | None, now: int) -> tupl
     )
 
 
+def complete_delete(n: int) -> str:
+    """Delete ``n`` finished jobs (ids, then the claim's token) that the claim still holds.
+
+    By primary key: "(status = 'running') IS TRUE" is no index condition. With statistics that say
+    few rows are running (taken while the table held pending jobs only), PostgreSQL read the claim
+    index's 'running' entries instead, the deleted rows' too, ever more of them during a drain
+    (1 ms instead of 0.1 ms a completion, measured).
+    """
+    return (f"DELETE FROM rws_jobs WHERE id IN ({', '.join(['%s'] * n)}) AND locked_by = %s "
+            f"AND (status = 'running') IS TRUE")
+
+
 def _claim_index_hint(vendor: str) -> str:
     return " FORCE INDEX (rws_jobs_claim_idx)" if vendor == "mysql" else ""
 
@@ -358,10 +370,9 @@ class Store:
         returning = self.vendor != "mysql" or getattr(self.conn, "mysql_is_mariadb", False)
         with self.conn.cursor() as c:
             for token, ids in by_token.items():
-                sql = (f"DELETE FROM rws_jobs WHERE status = 'running' AND locked_by = %s "
-                       f"AND id IN ({', '.join(['%s'] * len(ids))})")
+                sql = complete_delete(len(ids))
                 if returning:
-                    self._execute(c, sql + " RETURNING id", [token, *ids])
+                    self._execute(c, sql + " RETURNING id", [*ids, token])
                     done.update(r[0] for r in c.fetchall())
                 else:  # MySQL has no DELETE ... RETURNING: lock what is still ours, then delete it
                     held = (f"SELECT id FROM rws_jobs WHERE status = 'running' AND locked_by = %s "

@@ -11,6 +11,7 @@ from django_rws_jobs.store import (
     any_due_select,
     band_select,
     claim_update,
+    complete_delete,
     due_probe,
     top_band_select,
     top_due_band_select,
@@ -138,6 +139,28 @@ def test_claim_statements_are_index_ranges_with_a_million_future_rows():
         assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
         text = plan(*top_priority_select(None, 2))
         assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
+        assert_completion_by_primary_key()
+
+
+def assert_completion_by_primary_key() -> None:
+    # The statistics say no row is running: the completion must still go by primary key, not
+    # through the 'running' part of another index (which a drain fills with deleted rows' entries).
+    for n in (1, 4):
+        ids = [f"d{i}" for i in range(1, n + 1)]
+        if connection.vendor == "postgresql":
+            text = generic_plan(complete_delete(n) + " RETURNING id", [*ids, "token"])
+            assert "rws_jobs_pkey" in text, text
+        elif connection.vendor == "mysql":
+            import json
+
+            text = plan(complete_delete(n), [*ids, "token"])
+            assert json.loads(text)["query_block"]["table"]["key"] == "PRIMARY", text
+            continue
+        else:
+            text = plan(complete_delete(n), [*ids, "token"])
+            assert "sqlite_autoindex_rws_jobs_1" in text, text
+        for other in ("rws_jobs_claim_idx", "rws_jobs_due_idx", "rws_jobs_lease_idx"):
+            assert other not in text, text
 
 
 @pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL prepared statements")
