@@ -35,6 +35,10 @@ logger = logging.getLogger("django_rws_jobs")
 
 #: How often an idle worker on SQLite checks whether another connection wrote (seconds).
 SQLITE_WATCH_INTERVAL = 0.002
+#: A role thread that dies again within this many seconds of its start is restarted later each
+#: time: 1 s, 2 s, 4 s ... up to RESPAWN_DELAY_MAX.
+RESPAWN_QUICK = 10.0
+RESPAWN_DELAY_MAX = 30.0
 
 WORKER_ID = f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 _claims = itertools.count(1)
@@ -173,6 +177,7 @@ class Worker:
         self.held_lock = threading.Lock()
         self.stats = WorkerStats()
         self._threads: dict[str, threading.Thread] = {}
+        self._started: dict[str, float] = {}  # role -> time.monotonic() of its thread's start
         self._signals = 0
         self.exit_code = 0
 
@@ -390,6 +395,7 @@ class Worker:
 
         t = threading.Thread(target=guarded, name=name, daemon=True)
         self._threads[name] = t
+        self._started[name] = time.monotonic()
         t.start()
 
     def install_signal_handlers(self) -> None:
@@ -445,11 +451,24 @@ class Worker:
         for name, target in roles.items():
             self._spawn(name, target)
         wakeup.listeners.add(self.wake)
+        deaths: dict[str, int] = {}  # role -> deaths in a row, each soon after its start
+        restart_at: dict[str, float] = {}  # role -> when its dead thread is replaced
         try:
             while not self.stop_event.wait(0.5):
+                now = time.monotonic()
                 for name, t in list(self._threads.items()):
-                    if not t.is_alive():
-                        logger.error("worker thread %s stopped; starting a new one", name)
+                    if t.is_alive() or name in restart_at:
+                        continue
+                    # A thread that keeps dying (a broken database driver, a bug) is restarted
+                    # later each time, instead of twice a second for ever.
+                    deaths[name] = deaths.get(name, 0) + 1 if now - self._started[name] < RESPAWN_QUICK else 1
+                    delay = min(2.0 ** (deaths[name] - 2), RESPAWN_DELAY_MAX) if deaths[name] > 1 else 0.0
+                    logger.error("worker thread %s stopped; starting a new one%s", name,
+                                 f" in {delay:g}s (it stopped {deaths[name]} times in a row)" if delay else "")
+                    restart_at[name] = now + delay
+                for name, at in list(restart_at.items()):
+                    if now >= at:
+                        del restart_at[name]
                         self._spawn(name, roles[name])
         finally:
             wakeup.listeners.discard(self.wake)

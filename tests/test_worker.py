@@ -232,6 +232,23 @@ def test_a_thread_killed_by_system_exit_is_replaced(workers):
     assert Job.objects.get().last_error == "SystemExit: 3"
 
 
+def test_a_thread_that_keeps_dying_is_restarted_later_each_time(workers):
+    # Each of these jobs kills the only executor thread at once: the second death in a row waits
+    # 1 s before the restart, the third 2 s (instead of a restart every half second for ever).
+    for i in range(3):
+        rws.enqueue("test.system_exit", str(i), max_retries=0)
+    w = workers("--workers", "1")
+    wait_for(lambda: Job.objects.filter(status="failed").count() == 3, timeout=30, what="the jobs to fail")
+    rws.enqueue("test.record", "after")
+    wait_for(lambda: run_counts() == {"after": 1}, timeout=30, what="the replacement thread to run a job")
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0
+    out = w.output()
+    assert "worker thread rws-job-0 stopped; starting a new one\n" in out, out
+    assert "starting a new one in 1s (it stopped 2 times in a row)" in out, out
+    assert "starting a new one in 2s (it stopped 3 times in a row)" in out, out
+
+
 def test_bad_options_are_refused(workers):
     w = workers("--workers", "0")
     assert w.wait() != 0
