@@ -6,7 +6,8 @@ Fills the benchmark database with N due no-op jobs, then times, on the worker's 
 connection (private, prepared statements on PostgreSQL): claims of 1, 4 and 16 jobs, each followed
 by the completion of what it took (a drain's steady state), the completion alone, and two
 reference statements (`SELECT 1`, and a bare UPDATE of 4 rows by primary key). The figures say
-how much of a drain's time is the database's, whatever the worker does around it.
+how much of a drain's time is the database's, whatever the worker does around it. Last, one
+`enqueue()` against a bare INSERT of the same row, both in autocommit: the app's share of an enqueue.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def main() -> None:
     from django.db import connection
 
     from benchmarks.run import reset_database
-    from django_rws_jobs import enqueue_many
+    from django_rws_jobs import enqueue, enqueue_many
     from django_rws_jobs.db import private_connection
     from django_rws_jobs.store import Store
 
@@ -78,6 +79,14 @@ def main() -> None:
         timed("UPDATE of 4 rows by primary key (reference)",
               lambda i: c.execute(f"UPDATE rws_jobs SET attempts = attempts + 1 WHERE id IN ({marks})",
                                   rest[4 * i:4 * i + 4]))
+    # What one enqueue costs against a bare INSERT of the same row on the same (Django's) connection,
+    # both in autocommit: the difference is the app's share, the rest is the database's commit.
+    from django_rws_jobs.api import INSERT_SQL, prepare
+
+    timed("enqueue() of one job, autocommit", lambda i: enqueue("bench.noop", "x", run_in=3600))
+    rows = [prepare("bench.noop", "x", run_in=3600) for _ in range(args.rounds)]
+    with connection.cursor() as c:
+        timed("INSERT of one job, autocommit (reference)", lambda i: c.execute(INSERT_SQL, rows[i]))
 
 
 if __name__ == "__main__":
