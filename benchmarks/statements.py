@@ -36,6 +36,7 @@ def main() -> None:
 
     from benchmarks.run import reset_database
     from django_rws_jobs import enqueue, enqueue_many
+    from django_rws_jobs.api import INSERT_SQL, prepare
     from django_rws_jobs.db import private_connection
     from django_rws_jobs.store import Store
 
@@ -81,8 +82,6 @@ def main() -> None:
                                   rest[4 * i:4 * i + 4]))
     # What one enqueue costs against a bare INSERT of the same row on the same (Django's) connection,
     # both in autocommit: the difference is the app's share, the rest is the database's commit.
-    from django_rws_jobs.api import INSERT_SQL, prepare
-
     timed("enqueue() of one job, autocommit", lambda i: enqueue("bench.noop", "x", run_in=3600))
     rows = [prepare("bench.noop", "x", run_in=3600) for _ in range(args.rounds)]
     with connection.cursor() as c:
