@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .db import atomic, is_registered
+from .db import atomic, is_registered, write_lock
 from .models import Job, Status
 
 CLAIM_COLUMNS = (
@@ -210,6 +210,7 @@ class Store:
         # until when (time.monotonic()) the next claim may start there (see _claim_mysql).
         self._resume: tuple[Any, ...] | None = None
         self._resume_until = 0.0
+        self._writes = write_lock(conn)  # held around each write (see db.write_lock)
 
     def _execute(self, c: Any, sql: str, params: list[Any]) -> None:
         """Run one of the hot statements, prepared where ``self.prepare`` says so."""
@@ -236,7 +237,7 @@ class Store:
         taken: list[tuple] = []
         below: int | None = None
         empty_bands = 0
-        with self.conn.cursor() as c:
+        with self._writes, self.conn.cursor() as c:
             if probe_first:
                 c.execute(*any_due_select(queues, now, self.vendor))
                 if c.fetchone() is None:
@@ -368,7 +369,7 @@ class Store:
             by_token.setdefault(job.token, []).append(job.id)
         done: set[str] = set()
         returning = self.vendor != "mysql" or getattr(self.conn, "mysql_is_mariadb", False)
-        with self.conn.cursor() as c:
+        with self._writes, self.conn.cursor() as c:
             for token, ids in by_token.items():
                 sql = complete_delete(len(ids))
                 if returning:
@@ -395,7 +396,7 @@ class Store:
         if expired_before is not None:
             where += " AND locked_until < %s"
             params.append(expired_before)
-        with self.conn.cursor() as c:
+        with self._writes, self.conn.cursor() as c:
             c.execute(sql + where, params)
             return c.rowcount == 1
 
@@ -438,7 +439,7 @@ class Store:
     def renew(self, tokens: Sequence[str], until: int) -> int:
         if not tokens:
             return 0
-        with self.conn.cursor() as c:
+        with self._writes, self.conn.cursor() as c:
             self._execute(c, f"UPDATE rws_jobs SET locked_until = %s WHERE status = 'running' "
                              f"AND locked_by IN ({', '.join(['%s'] * len(tokens))})", [until, *tokens])
             return c.rowcount
@@ -456,7 +457,7 @@ class Store:
         expired lease; the changed attempts or due time tell ``relet_seed_claims`` it is a new
         claim, which gets a fresh lease instead of being taken from a worker that is alive.
         """
-        with self.conn.cursor() as c:
+        with self._writes, self.conn.cursor() as c:
             c.execute(
                 f"UPDATE rws_jobs SET locked_until = %s, locked_by = {self._seed_marker_sql()} "
                 "WHERE status = 'running' AND locked_until IS NULL",
@@ -466,7 +467,7 @@ class Store:
 
     def relet_seed_claims(self, now: int, until: int) -> int:
         """Fresh leases for seed claims whose marker no longer matches the row (see above)."""
-        with self.conn.cursor() as c:
+        with self._writes, self.conn.cursor() as c:
             c.execute(
                 f"UPDATE rws_jobs SET locked_until = %s, locked_by = {self._seed_marker_sql()} "
                 f"WHERE status = 'running' AND locked_until < %s AND locked_by LIKE %s "

@@ -34,3 +34,34 @@ def test_the_users_choices_are_kept():
         assert conn.transaction_mode == "DEFERRED"
     finally:
         conn.close()
+
+
+def test_the_workers_own_connections_to_one_file_take_turns_writing():
+    """A claim waits on the process's lock while another of the worker's connections writes,
+    instead of meeting it in SQLite's busy handler (which sleeps 1 ms and more)."""
+    import threading
+    import time
+
+    from django_rws_jobs import enqueue
+    from django_rws_jobs.db import private_connection
+    from django_rws_jobs.store import Store
+
+    enqueue("test.noop")
+    a, b = Store(private_connection("default")), Store(private_connection("default"))
+    b.conn.inc_thread_sharing()  # the claim runs in another thread
+    assert a._writes is b._writes
+    assert Store(connection)._writes is not a._writes  # not the caller's own connection (tick())
+    got = []
+    now = int(time.time())
+    try:
+        with a._writes:
+            claimer = threading.Thread(target=lambda: got.extend(b.claim("t#1", now, now + 60, None, 1)))
+            claimer.start()
+            claimer.join(0.3)
+            assert claimer.is_alive() and got == []  # waiting for its turn
+        claimer.join(10)
+        assert [job.job_type for job in got] == ["test.noop"]
+    finally:
+        b.conn.dec_thread_sharing()
+        a.conn.close()
+        b.conn.close()
