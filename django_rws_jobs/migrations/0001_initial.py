@@ -2,6 +2,8 @@
 
 from django.db import migrations, models
 
+from django_rws_jobs.adopt import CreateOrAdoptModel
+
 
 class Migration(migrations.Migration):
 
@@ -11,7 +13,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.CreateModel(
+        # The tables may exist already, created by rust-web-server: then they are adopted (SPEC 7).
+        CreateOrAdoptModel(
             name='JobSchedule',
             fields=[
                 ('name', models.CharField(max_length=191, primary_key=True, serialize=False)),
@@ -24,7 +27,7 @@ class Migration(migrations.Migration):
                 'db_table': 'rws_job_schedules',
             },
         ),
-        migrations.CreateModel(
+        CreateOrAdoptModel(
             name='Job',
             fields=[
                 ('id', models.CharField(max_length=64, primary_key=True, serialize=False)),

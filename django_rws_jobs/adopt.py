@@ -1,0 +1,92 @@
+"""Taking over tables that rust-web-server created first (SPEC 7).
+
+The Rust crate creates ``rws_jobs`` and ``rws_job_schedules`` when it starts, in one of two forms:
+before 18.35 the jobs table has the seed's nine columns; from 18.36 on it also has ``queue``,
+``priority`` and ``unique_key``. Neither has our columns, indexes or constraints. The initial
+migration creates the tables with :class:`CreateOrAdoptModel`, which, where a table exists
+already, brings it to our model instead and keeps every row:
+
+- PostgreSQL and MySQL/MariaDB: in place. Missing columns are added (with the database defaults
+  of the model, so the Rust crate's rows get ``queue = 'default'``, ``priority = 0``), 32-bit
+  integer columns that the model keeps in 64 bits are widened, and the missing indexes and
+  constraints are created. Column types that only differ in name (``TEXT`` for ``VARCHAR``) stay.
+- SQLite, which cannot add a column with a default or a constraint in place: the table is
+  rebuilt in the migration's transaction, as Django's own SQLite migrations do it (renamed,
+  created anew, rows copied, old table dropped).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+
+class CreateOrAdoptModel(migrations.CreateModel):
+    """CreateModel, or, where the table exists already (rust-web-server's), adopt it with its rows."""
+
+    def database_forwards(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor,
+                          from_state: Any, to_state: Any) -> None:
+        model = to_state.apps.get_model(app_label, self.name)
+        conn = schema_editor.connection
+        if self.allow_migrate_model(conn.alias, model):
+            with conn.cursor() as cursor:
+                exists = model._meta.db_table in conn.introspection.table_names(cursor)
+            if exists:
+                adopt(schema_editor, model)
+                return
+        super().database_forwards(app_label, schema_editor, from_state, to_state)
+
+
+def adopt(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model]) -> None:
+    """Bring an existing table to ``model``'s columns, indexes and constraints, keeping its rows."""
+    conn = schema_editor.connection
+    table = model._meta.db_table
+    with conn.cursor() as cursor:
+        columns = {col.name: col for col in conn.introspection.get_table_description(cursor, table)}
+    fields = model._meta.local_concrete_fields
+    unknown = set(columns) - {f.column for f in fields}
+    if unknown:
+        raise RuntimeError(f"cannot adopt table {table!r}: it has columns the model does not know: "
+                           f"{', '.join(sorted(unknown))} (expected rust-web-server's form of the table)")
+    if conn.vendor == "sqlite":
+        _rebuild(schema_editor, model, [f.column for f in fields if f.column in columns])
+        return
+    for field in fields:
+        if field.column not in columns:
+            schema_editor.add_field(model, field)
+        elif field.get_internal_type() == "BigIntegerField" and _is_32_bit(conn, columns[field.column]):
+            schema_editor.alter_field(model, _as_32_bit(field, model), field, strict=False)
+    with conn.cursor() as cursor:
+        existing = conn.introspection.get_constraints(cursor, table)
+    for index in model._meta.indexes:
+        if index.name not in existing:
+            schema_editor.add_index(model, index)
+    for constraint in model._meta.constraints:
+        if constraint.name not in existing:
+            schema_editor.add_constraint(model, constraint)
+
+
+def _is_32_bit(conn: Any, column: Any) -> bool:
+    return conn.introspection.get_field_type(column.type_code, column) in ("IntegerField", "SmallIntegerField")
+
+
+def _as_32_bit(field: models.Field, model: type[models.Model]) -> models.Field:
+    """The same field as the table has it, an IntegerField, for alter_field to widen."""
+    name, _path, args, kwargs = field.deconstruct()
+    old = models.IntegerField(*args, **kwargs)
+    old.set_attributes_from_name(name)
+    old.model = model
+    return old
+
+
+def _rebuild(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model], copied: list[str]) -> None:
+    table = model._meta.db_table
+    q = schema_editor.quote_name
+    old = f"{table}__rust"
+    schema_editor.execute(f"ALTER TABLE {q(table)} RENAME TO {q(old)}")
+    schema_editor.create_model(model)
+    cols = ", ".join(q(c) for c in copied)
+    schema_editor.execute(f"INSERT INTO {q(table)} ({cols}) SELECT {cols} FROM {q(old)}")
+    schema_editor.execute(f"DROP TABLE {q(old)}")
