@@ -1,0 +1,84 @@
+"""The worker's CPU time per job, and what its claims and completions look like, in one drain.
+
+    scripts/bench cpu [sqlite|postgres|mysql] [--jobs N] [--workers W] [--repeat R]
+
+Runs `rws_worker --burst` in this process over N due no-op jobs and reports the rate, the
+process's CPU time (user + system) per job, how many jobs each claim and completion carried, and
+the claim's and completion's wall time. CPU time per job varies much less than the rate on a
+shared machine (other tenants take cycles, not instructions), so it is the figure to compare two
+versions of the hot path by, run one after the other on the same machine. On SQLite the
+database's own work is in it too (SQLite runs in the worker's process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import resource
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def percentile(values: list[float], p: float) -> float:
+    return sorted(values)[int(p * (len(values) - 1))] if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("db", nargs="?", default="postgres", choices=["sqlite", "postgres", "mysql"])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.run import clear, reset_database, setup_django
+
+    setup_django(args.db)
+    from django.core.management import call_command
+
+    from django_rws_jobs import enqueue_many
+    from django_rws_jobs.store import Store
+
+    reset_database(args.db)
+    claims: collections.Counter[int] = collections.Counter()
+    completions: collections.Counter[int] = collections.Counter()
+    claim_s: list[float] = []
+    complete_s: list[float] = []
+    claim, complete_many = Store.claim, Store.complete_many
+
+    def timed_claim(self, *a, **k):
+        t0 = time.perf_counter()
+        jobs = claim(self, *a, **k)
+        claim_s.append(time.perf_counter() - t0)
+        claims[len(jobs)] += 1
+        return jobs
+
+    def timed_complete(self, jobs, *a, **k):
+        t0 = time.perf_counter()
+        done = complete_many(self, jobs, *a, **k)
+        complete_s.append(time.perf_counter() - t0)
+        completions[len(jobs)] += 1
+        return done
+
+    Store.claim, Store.complete_many = timed_claim, timed_complete
+    for run in range(args.repeat):
+        clear()
+        claims.clear(), completions.clear(), claim_s.clear(), complete_s.clear()
+        enqueue_many([("bench.noop", "")] * args.jobs)
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        call_command("rws_worker", burst=True, workers=args.workers, verbosity=0)
+        t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        print(f"{args.db} run {run + 1}: {args.jobs / (t1 - t0):,.0f} jobs/s, worker CPU "
+              f"{cpu / args.jobs * 1e6:.0f} us/job (system {(r1.ru_stime - r0.ru_stime) / args.jobs * 1e6:.0f})")
+        print(f"  claims by size {sorted(claims.items())}; completions by size {sorted(completions.items())[:8]}")
+        for label, values in (("claim", claim_s), ("completion", complete_s)):
+            print(f"  {label}: p50 {percentile(values, 0.5) * 1e6:.0f} us, p90 {percentile(values, 0.9) * 1e6:.0f} us, "
+                  f"p99 {percentile(values, 0.99) * 1e6:.0f} us")
+
+
+if __name__ == "__main__":
+    main()
