@@ -120,7 +120,7 @@ def private_connection(alias: str) -> BaseDatabaseWrapper:
     return conn
 
 
-_sqlite_locks: dict[str, threading.Lock] = {}
+_sqlite_locks: dict[str, threading.RLock] = {}
 _sqlite_locks_guard = threading.Lock()
 
 
@@ -139,7 +139,7 @@ def write_lock(conn: BaseDatabaseWrapper) -> AbstractContextManager[Any]:
         return nullcontext()
     name = str(conn.settings_dict["NAME"])
     with _sqlite_locks_guard:
-        return _sqlite_locks.setdefault(name, threading.Lock())
+        return _sqlite_locks.setdefault(name, threading.RLock())
 
 
 def is_registered(conn: BaseDatabaseWrapper) -> bool:

@@ -169,6 +169,15 @@ class Worker:
         self.wake = threading.Event()  # a hint that jobs may be due: look now
         self.cond = threading.Condition()  # guards self.free
         self.free = threads  # idle executors
+        # SQLite: jobs that succeeded, for the dispatcher to delete in its next claim's
+        # transaction while it runs (otherwise they go to the completer like every other
+        # outcome). One writer at a time is all SQLite allows, and a commit and a turn at the
+        # write lock fewer per batch drained faster. PostgreSQL and MariaDB drain faster with the
+        # deletes beside the claims, on the completer's connection (measured: riding on the
+        # claim's statement, they lengthened every claim by more than they saved). Guarded by
+        # self.cond.
+        self.finished: list[Claimed] = []
+        self.riding = False
         self.claimed_total = 0
         self.work: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
         self.results: queue.SimpleQueue[tuple[Claimed, str | None, str | None] | None] = queue.SimpleQueue()
@@ -192,6 +201,8 @@ class Worker:
         db = DatabaseRetry(holder, self.stop_event)
         lease = int(jobs_settings.LEASE_SECONDS)
         idle = False
+        with self.cond:
+            self.riding = self.vendor == "sqlite"
         try:
             while not self.stop_event.is_set():
                 with self.cond:
@@ -205,7 +216,9 @@ class Worker:
                                 self.cond.wait(0.5)
                             self.stop()
                             break
+                    finished, self.finished = self.finished, []
                 if self.stop_event.is_set():
+                    self._to_completer(finished)
                     break
                 self.wake.clear()
                 # A burst may end only if nothing was running when this look began: a job that
@@ -214,10 +227,13 @@ class Worker:
                 now = int(time.time())
                 token = claim_token()
                 try:
-                    claimed = db(lambda s: s.claim(token, now, now + lease, self.queues, n, probe_first=idle),
-                                 what="claiming")
+                    done, claimed = db(lambda s: s.finish_and_claim(finished, token, now, now + lease, self.queues,
+                                                                    n, probe_first=idle), what="claiming")
                 except DjangoDbError:
+                    self._to_completer(finished)
                     break  # only when stopping
+                if finished:
+                    self._settle(finished, done)
                 idle = not claimed
                 if claimed and self.stop_event.is_set():
                     self._hand_back(claimed, "claimed as the worker stopped")
@@ -244,7 +260,15 @@ class Worker:
                 # read-only statements first.
                 idle = not self._idle_wait(holder)
         finally:
+            with self.cond:
+                self.riding = False
+                left, self.finished = self.finished, []
+            self._to_completer(left)
             holder.close()
+
+    def _to_completer(self, jobs: list[Claimed]) -> None:
+        for job in jobs:
+            self.results.put((job, None, None))
 
     def _idle_wait(self, holder: ConnectionHolder) -> bool:
         """Wait until woken or POLL_INTERVAL passes; True when woken by a hint. On SQLite, also
@@ -287,10 +311,16 @@ class Worker:
                     fatal, error, tb = exc, describe(exc), traceback.format_exc()
                 finally:
                     self.executing.pop(name, None)
-                    self.results.put((job, error, tb))
                     with self.cond:
+                        ride = error is None and self.riding
+                        if ride:
+                            self.finished.append(job)
+                        else:
+                            self.results.put((job, error, tb))
                         self.free += 1
                         self.cond.notify_all()
+                    if ride:
+                        self.wake.set()  # an idle dispatcher deletes it now, not after its poll interval
                 if fatal is not None:
                     raise fatal
         finally:
@@ -325,14 +355,7 @@ class Worker:
             succeeded = [job for job, error, _ in items if error is None]
             if succeeded:
                 done = db(lambda s: s.complete_many(succeeded), until=deadline, what="recording finished jobs")
-                for job in succeeded:
-                    if job.id in done:
-                        outcomes.append("done")
-                    else:
-                        outcomes.append("lost")
-                        logger.warning("job %s (%s): result 'done' dropped: claim %s no longer holds it "
-                                       "(its lease expired and another worker took it over)",
-                                       job.id, job.job_type, job.token)
+                outcomes += self._outcomes(succeeded, done)
             for job, error, tb in items:
                 if error is not None:
                     outcomes.append(db(lambda s: record(s, job, error, tb), until=deadline,
@@ -344,6 +367,28 @@ class Worker:
             with self.held_lock:
                 for job, _, _ in items:
                     self.held.pop((job.token, job.id), None)
+        for outcome in outcomes:
+            self.stats.add(outcome)
+
+    @staticmethod
+    def _outcomes(succeeded: list[Claimed], done: set[str]) -> list[str]:
+        outcomes = []
+        for job in succeeded:
+            if job.id in done:
+                outcomes.append("done")
+            else:
+                outcomes.append("lost")
+                logger.warning("job %s (%s): result 'done' dropped: claim %s no longer holds it "
+                               "(its lease expired and another worker took it over)",
+                               job.id, job.job_type, job.token)
+        return outcomes
+
+    def _settle(self, succeeded: list[Claimed], done: set[str]) -> None:
+        """Count finished jobs the dispatcher deleted with its claim, and let go of them."""
+        outcomes = self._outcomes(succeeded, done)
+        with self.held_lock:
+            for job in succeeded:
+                self.held.pop((job.token, job.id), None)
         for outcome in outcomes:
             self.stats.add(outcome)
 

@@ -380,6 +380,20 @@ def test_a_job_enqueued_inside_the_worker_process_wakes_it(workers):
     assert w.wait() == 0
 
 
+def test_a_finished_job_is_deleted_at_once_by_an_idle_worker(workers):
+    # On SQLite the dispatcher deletes finished jobs with its next claim: a worker that goes idle
+    # after the job (its next poll 30 s away) must still delete it now, so that its unique key
+    # is free for the next enqueue.
+    # (A no-op handler: a handler's own write would wake an idle SQLite worker anyway.)
+    first = rws.enqueue("test.noop", "once", unique="k")
+    w = workers("--workers", "2", jobs={"POLL_INTERVAL": 30})
+    wait_for(lambda: not Job.objects.filter(id=first).exists(), timeout=10, what="its deletion")
+    assert rws.enqueue("test.noop", "twice", unique="k") != first
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0
+    assert "1 done" in w.output()
+
+
 @pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="LISTEN/NOTIFY")
 def test_notify_wakes_an_idle_postgres_worker(workers):
     w = workers("--workers", "1", jobs={"POLL_INTERVAL": 30})
