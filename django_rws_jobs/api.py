@@ -185,6 +185,8 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
                 with c.cursor.copy(COPY_SQL) as copy:
                     for row in plain:
                         copy.write_row(row)
+            elif conn.vendor == "mysql" and hasattr(c.cursor.connection, "literal"):  # mysqlclient
+                _insert_quoted(c, plain, batch_size)
             else:
                 for start in range(0, len(plain), batch_size):
                     chunk = plain[start:start + batch_size]
@@ -193,6 +195,31 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
         ids = [r[0] if r[-1] is None else _insert_unique(alias, r) for r in rows]
         _wake_local_workers(alias)
     return ids
+
+
+def _insert_quoted(c: Any, rows: list[list[Any]], batch_size: int) -> None:
+    """MySQL: multi-row INSERTs whose values are quoted here by the driver's own quoting, each
+    distinct value once. mysqlclient quotes every parameter of every row, which was most of a
+    bulk enqueue's time in the client (10 values a row), while the rows of one call mostly repeat
+    the same job type, payload, queue, due time and limits."""
+    literal = c.cursor.connection.literal
+    quoted: dict[tuple[type, Any], bytes] = {}
+
+    def quote(value: Any) -> bytes:
+        key = (type(value), value)
+        q = quoted.get(key)
+        if q is None:
+            q = quoted[key] = literal(value)
+        return q
+
+    head = INSERT_HEAD.encode()
+    for start in range(0, len(rows), batch_size):
+        values = []
+        for job_id, *rest in rows[start:start + batch_size]:
+            # The columns of INSERT_VALUES: id, job_type, payload, 'pending', 0, then the rest.
+            parts = [literal(job_id), *(quote(v) for v in rest)]
+            values.append(b"(" + b", ".join(parts[:3]) + b", 'pending', 0, " + b", ".join(parts[3:]) + b")")
+        c.execute(head + b", ".join(values))
 
 
 def _insert_unique(alias: str, params: list[Any]) -> str:

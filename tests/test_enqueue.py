@@ -223,6 +223,15 @@ def test_enqueue_many_stores_all_in_order_with_options():
     assert [stored[i].payload for i in ids[3:]] == [str(i) for i in range(2500)]
 
 
+def test_enqueue_many_stores_any_text_exactly():
+    texts = ["it's", 'say "hi"', "back\\slash \\'", "100% %s %(x)s", "naïve ☃ 𝄞", "new\nline\ttab\r", "",
+             "'); DELETE FROM rws_jobs; --", "\x1a\b"]
+    items = [{"job_type": f"t'{i}", "payload": t, "queue": "q\\'"} for i, t in enumerate(texts)]
+    ids = rws.enqueue_many(items * 2)  # each value twice: quoted once, used twice (MySQL)
+    stored = {j.id: (j.job_type, j.payload, j.queue) for j in Job.objects.all()}
+    assert [stored[i] for i in ids] == [(f"t'{i}", t, "q\\'") for i, t in enumerate(texts)] * 2
+
+
 def test_enqueue_many_validates_everything_first():
     with pytest.raises(TypeError, match=r"job #2: payload must be a str, got NoneType"):
         rws.enqueue_many([("a", "1"), ("a", "2"), ("a", None)])
