@@ -212,13 +212,10 @@ def _insert_quoted(c: Any, rows: list[list[Any]], batch_size: int) -> None:
             q = quoted[key] = literal(value)
         return q
 
-    head = INSERT_HEAD.encode()
+    head, row = INSERT_HEAD.encode(), INSERT_VALUES.encode()
     for start in range(0, len(rows), batch_size):
-        values = []
-        for job_id, *rest in rows[start:start + batch_size]:
-            # The columns of INSERT_VALUES: id, job_type, payload, 'pending', 0, then the rest.
-            parts = [literal(job_id), *(quote(v) for v in rest)]
-            values.append(b"(" + b", ".join(parts[:3]) + b", 'pending', 0, " + b", ".join(parts[3:]) + b")")
+        values = [row % (literal(job_id), *(quote(v) for v in rest))
+                  for job_id, *rest in rows[start:start + batch_size]]
         c.execute(head + b", ".join(values))
 
 

@@ -364,9 +364,7 @@ class Worker:
             logger.error("could not record %d job outcome(s): %s; their leases will expire and "
                          "another worker will run them again", len(items), exc)
         finally:
-            with self.held_lock:
-                for job, _, _ in items:
-                    self.held.pop((job.token, job.id), None)
+            self._let_go([job for job, _, _ in items])
         for outcome in outcomes:
             self.stats.add(outcome)
 
@@ -386,11 +384,15 @@ class Worker:
     def _settle(self, succeeded: list[Claimed], done: set[str]) -> None:
         """Count finished jobs the dispatcher deleted with its claim, and let go of them."""
         outcomes = self._outcomes(succeeded, done)
-        with self.held_lock:
-            for job in succeeded:
-                self.held.pop((job.token, job.id), None)
+        self._let_go(succeeded)
         for outcome in outcomes:
             self.stats.add(outcome)
+
+    def _let_go(self, jobs: list[Claimed]) -> None:
+        """Stop holding ``jobs``: the keeper no longer renews their leases."""
+        with self.held_lock:
+            for job in jobs:
+                self.held.pop((job.token, job.id), None)
 
     def _keeper_loop(self) -> None:
         """Renew the leases of held jobs; take back expired ones from lost workers."""
@@ -532,9 +534,7 @@ class Worker:
                     holder.reset()
         finally:
             holder.close()
-            with self.held_lock:
-                for job in jobs:
-                    self.held.pop((job.token, job.id), None)
+            self._let_go(jobs)
 
     def _shutdown(self) -> int:
         timeout = float(jobs_settings.SHUTDOWN_TIMEOUT)
