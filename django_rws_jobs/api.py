@@ -137,13 +137,44 @@ def enqueue(job_type: str, payload: str = "", *, queue: str | None = None, prior
                      unique=unique, max_retries=max_retries)
     alias = queue_alias(using)
     if params[-1] is None:
-        with connections[alias].cursor() as c:
-            c.execute(INSERT_SQL, params)
+        _insert(connections[alias], params)
         job_id = params[0]
     else:
         job_id = _insert_unique(alias, params)
     _wake_local_workers(alias)
     return job_id
+
+
+def _insert(conn: Any, params: list[Any]) -> None:
+    """One job's INSERT, on the caller's connection and in its transaction (if any)."""
+    cursor = _kept_cursor(conn)
+    if cursor is None:
+        with conn.cursor() as c:
+            c.execute(INSERT_SQL, params)
+    else:
+        cursor.execute(INSERT_SQL, params)
+
+
+def _kept_cursor(conn: Any) -> Any:
+    """A cursor kept on ``conn`` for enqueue's INSERT, made as ``conn.cursor()`` makes one.
+
+    ``cursor()`` builds a new driver cursor and Django's wrapper around it every time: with
+    psycopg 3 that was a third of enqueue's CPU time in the client (measured). The kept one is
+    Django's own wrapper, so ``execute_wrapper`` and error translation still apply; while Django
+    logs queries (DEBUG, ``assertNumQueries``) each enqueue takes a new cursor, which logs. It is
+    replaced when Django reconnects.
+    """
+    if conn.queries_logged:
+        return None
+    conn.close_if_health_check_failed()
+    conn.ensure_connection()
+    conn.validate_thread_sharing()
+    kept = getattr(conn, "_rws_insert_cursor", None)
+    if kept is None or kept[0] is not conn.connection:
+        with conn.wrap_database_errors:
+            kept = (conn.connection, conn.make_cursor(conn.create_cursor()))
+        conn._rws_insert_cursor = kept
+    return kept[1]
 
 
 def _wake_local_workers(alias: str) -> None:

@@ -147,6 +147,47 @@ def test_enqueue_in_a_transaction_is_invisible_to_other_connections_until_commit
         other.close()
 
 
+def test_enqueue_goes_through_djangos_cursor_wrappers_and_query_log(django_assert_num_queries):
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    rws.enqueue("x", "first")  # enqueue keeps a cursor from here on
+    with connection.execute_wrapper(wrapper):
+        wrapped = rws.enqueue("x", "wrapped")
+    assert len(seen) == 1 and seen[0].startswith("INSERT INTO rws_jobs")
+    with django_assert_num_queries(1) as captured:
+        rws.enqueue("x", "logged")
+    assert captured.captured_queries[0]["sql"].startswith("INSERT INTO rws_jobs")
+    assert Job.objects.get(id=wrapped).payload == "wrapped"
+    assert sorted(Job.objects.values_list("payload", flat=True)) == ["first", "logged", "wrapped"]
+
+
+def test_enqueue_reconnects_after_the_connection_was_closed():
+    first = rws.enqueue("x", "1")
+    connection.close()
+    second = rws.enqueue("x", "2")
+    assert list(Job.objects.filter(id__in=[first, second]).order_by("id").values_list("payload", flat=True)) == ["1", "2"]
+
+
+def test_enqueue_in_a_transaction_broken_by_an_error_is_refused():
+    from django.db import DatabaseError
+    from django.db.transaction import TransactionManagementError
+
+    rws.enqueue("x", "before")
+    with transaction.atomic():
+        Order.objects.create(number="1")
+        with pytest.raises(DatabaseError):
+            with transaction.atomic(savepoint=False), connection.cursor() as c:
+                c.execute("SELECT * FROM no_such_table")
+        with pytest.raises(TransactionManagementError):
+            rws.enqueue("x", "in a broken transaction")
+    assert list(Job.objects.values_list("payload", flat=True)) == ["before"]
+    assert Order.objects.count() == 0
+
+
 # -- unique jobs ------------------------------------------------------------------------------
 
 
