@@ -1,6 +1,6 @@
 """The worker's CPU time per job, and what its claims and completions look like, in one drain.
 
-    scripts/bench cpu [sqlite|postgres|mysql] [--jobs N] [--workers W] [--repeat R]
+    scripts/bench cpu [sqlite|postgres|mysql] [--jobs N] [--workers W] [--repeat R] [--future F]
 
 Runs `rws_worker --burst` in this process over N due no-op jobs and reports the rate, the
 process's CPU time (user + system) per job, how many jobs each claim and completion carried, and
@@ -32,9 +32,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--future", type=int, default=0, help="not-yet-due jobs in the table during the drains")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from benchmarks.run import clear, reset_database, setup_django
+    from benchmarks.run import clear, fill_future, reset_database, setup_django
 
     setup_django(args.db)
     from django.core.management import call_command
@@ -64,8 +65,11 @@ def main() -> None:
         return done
 
     Store.claim, Store.complete_many = timed_claim, timed_complete
+    if args.future:
+        fill_future(args.future)
     for run in range(args.repeat):
-        clear()
+        if not args.future:
+            clear()
         claims.clear(), completions.clear(), claim_s.clear(), complete_s.clear()
         enqueue_many([("bench.noop", "")] * args.jobs)
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()

@@ -144,7 +144,9 @@ def write_lock(conn: BaseDatabaseWrapper) -> AbstractContextManager[Any]:
 
 def is_registered(conn: BaseDatabaseWrapper) -> bool:
     """True for the calling thread's own Django connection to conn.alias."""
-    return connections[conn.alias] is conn
+    # The worker's own connections never are, and asking ``connections`` (a thread-critical
+    # local) cost more than a SQLite claim's statements.
+    return not getattr(conn, "rws_private", False) and connections[conn.alias] is conn
 
 
 @contextmanager

@@ -40,17 +40,21 @@ SQLITE_WATCH_INTERVAL = 0.002
 RESPAWN_QUICK = 10.0
 RESPAWN_DELAY_MAX = 30.0
 
-WORKER_ID = f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+def _new_worker_id() -> None:
+    global WORKER_ID
+    WORKER_ID = f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+WORKER_ID = ""
+_new_worker_id()
+# A forked child must not share its parent's claim tokens. (Set at fork, not checked at each
+# claim: the check was a twentieth of a SQLite dispatcher's time.)
+os.register_at_fork(after_in_child=_new_worker_id)
 _claims = itertools.count(1)
 _claims_lock = threading.Lock()
 
 
 def worker_id() -> str:
-    # Recomputed after fork: a forked child must not share its parent's claim tokens.
-    global WORKER_ID
-    pid = str(os.getpid())
-    if WORKER_ID.split(":")[1] != pid:
-        WORKER_ID = f"{socket.gethostname()[:40]}:{pid}:{uuid.uuid4().hex[:8]}"
     return WORKER_ID
 
 

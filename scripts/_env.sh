@@ -29,6 +29,7 @@ ensure_system_packages() {
     command -v pkg-config >/dev/null || need_apt+=(pkg-config)
     command -v gcc >/dev/null || need_apt+=(gcc)
     if [ "${1:-}" = browser ]; then command -v chromium >/dev/null || need_apt+=(chromium); fi
+    if [ "${1:-}" = valgrind ]; then command -v valgrind >/dev/null || need_apt+=(valgrind); fi
     if [ ${#need_apt[@]} -gt 0 ]; then
         if [ "$(id -u)" = 0 ]; then
             log "apt-get install ${need_apt[*]}"

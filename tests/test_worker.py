@@ -415,3 +415,22 @@ def test_a_group_wide_signal_stops_processes_gracefully(workers):
     assert w.wait(30) == 0, w.output()
     assert "second signal" not in w.output()
     assert run_counts("end") == {"1": 1} and Job.objects.count() == 0
+
+
+def test_a_forked_process_gets_a_worker_id_of_its_own():
+    from django_rws_jobs.worker import claim_token, worker_id
+
+    parent = worker_id()
+    assert parent.split(":")[1] == str(os.getpid())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its claim token and leave at once
+        os.write(write, claim_token().encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = os.read(read, 500).decode()
+    os.close(read)
+    assert child.split("#")[0] != parent
+    assert child.split(":")[1] == str(pid)
+    assert worker_id() == parent

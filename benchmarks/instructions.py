@@ -1,0 +1,68 @@
+"""The worker's CPU instructions per job in a drain, counted by valgrind: a figure that does not
+move with the machine's speed or its other tenants.
+
+    scripts/bench instructions [sqlite|postgres|mysql] [--jobs N]
+
+Drains N and then 3N due no-op jobs with `rws_worker --burst --workers 4`, each in a child process
+run under `valgrind --tool=callgrind`, and reports (instructions of the 3N drain - those of the N
+drain) / 2N: the start-up's cost cancels out. The jobs are enqueued by this process, outside the
+count. On SQLite the database's own work is in the figure (SQLite runs in the worker's process);
+on PostgreSQL and MariaDB only the worker's side is. valgrind runs the threads one at a time, so
+claim sizes differ from a real drain; compare two versions of the code by it, not two machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+DRAIN = ("import django; django.setup()\n"
+         "from django.core.management import call_command\n"
+         "call_command('rws_worker', burst=True, workers=4, verbosity=0)\n")
+
+
+def instructions(db: str, n: int) -> int:
+    from benchmarks.run import clear, env_for
+
+    from django_rws_jobs import enqueue_many
+
+    clear()
+    enqueue_many([("bench.noop", "")] * n)
+    from django.db import connections
+
+    connections.close_all()
+    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", DRAIN],
+                         cwd=ROOT, env=env_for(db), capture_output=True, text=True, check=True)
+    found = re.search(r"Collected : ([\d,]+)", out.stderr)
+    if found is None:
+        raise RuntimeError(f"valgrind printed no count: {out.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("db", nargs="?", default="sqlite", choices=["sqlite", "postgres", "mysql"])
+    parser.add_argument("--jobs", type=int, default=2000)
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.run import reset_database, setup_django
+
+    setup_django(args.db)
+    reset_database(args.db)
+    small, large = instructions(args.db, args.jobs), instructions(args.db, 3 * args.jobs)
+    print(f"{args.db}: {(large - small) / (2 * args.jobs):,.0f} instructions per job in the worker "
+          f"({small:,} for {args.jobs} jobs, {large:,} for {3 * args.jobs})")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    main()
