@@ -160,13 +160,26 @@ def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
     return n / (t1 - t0), rss
 
 
-def enqueue_rate(n: int) -> float:
+def enqueue_rate(n: int, prepared: bool = False) -> float:
+    """enqueue() n times; with ``prepared`` (PostgreSQL), on a connection whose OPTIONS turn on
+    Django's server-side binding and psycopg's prepared statements, which Django leaves off."""
+    from django.db import connection
+
     from django_rws_jobs import enqueue
 
-    t0 = time.perf_counter()
-    for _ in range(n):
-        enqueue("bench.noop", "x", run_in=3600)  # not due: the drain counts only due jobs
-    return n / (time.perf_counter() - t0)
+    options = connection.settings_dict.get("OPTIONS", {})
+    if prepared:
+        connection.close()
+        connection.settings_dict["OPTIONS"] = {**options, "server_side_binding": True, "prepare_threshold": 5}
+    try:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            enqueue("bench.noop", "x", run_in=3600)  # not due: the drain counts only due jobs
+        return n / (time.perf_counter() - t0)
+    finally:
+        if prepared:
+            connection.close()
+            connection.settings_dict["OPTIONS"] = options
 
 
 def bulk_rate(m: int) -> float:
@@ -234,7 +247,8 @@ def fill_future(f: int) -> None:
 
 def run_db(db: str, args: argparse.Namespace) -> dict:
     worker_args = ["--workers", str(args.workers), *args.worker_args.split()]
-    results: dict[str, list] = {k: [] for k in ("drain", "rss", "enqueue", "bulk", "latency_p50", "latency_p99",
+    results: dict[str, list] = {k: [] for k in ("drain", "rss", "enqueue", "enqueue_prepared", "bulk",
+                                                "latency_p50", "latency_p99",
                                                 "drain_future")}
     for r in range(args.repeat):
         reset_database(db)
@@ -255,6 +269,9 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
             continue
         results["enqueue"].append(enqueue_rate(args.enqueue))
         clear()
+        if db == "postgres":
+            results["enqueue_prepared"].append(enqueue_rate(args.enqueue, prepared=True))
+            clear()
         results["bulk"].append(bulk_rate(args.bulk))
         clear()
         # MariaDB has no wake-up channel: its idle workers poll, here every 10 ms (PostgreSQL
@@ -266,7 +283,7 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
         clear()
         fill_future(args.future)
         results["drain_future"].append(drain(db, args.future_due, worker_args)[0])
-        print(f"  {db} run {r + 1}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items()), file=sys.stderr)
+        print(f"  {db} run {r + 1}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items() if v), file=sys.stderr)
     med = {k: statistics.median(v) if v else float("nan") for k, v in results.items()}
     med["future_share"] = med["drain_future"] / med["drain"] if med["drain"] else float("nan")
     return {"median": med, "runs": results}
@@ -315,6 +332,7 @@ def table(out: dict) -> str:
     rows = [
         ("drain %d due no-op jobs, --workers %d (jobs/s)" % (out["args"]["jobs"], out["args"]["workers"]), "drain", "{:,.0f}"),
         ("enqueue, one transaction per job (jobs/s)", "enqueue", "{:,.0f}"),
+        ("  the same, PostgreSQL OPTIONS server_side_binding + prepare_threshold", "enqueue_prepared", "{:,.0f}"),
         ("bulk enqueue_many of %d jobs (jobs/s)" % out["args"]["bulk"], "bulk", "{:,.0f}"),
         ("pickup latency p50 (ms; MariaDB with --poll-interval 0.01)", "latency_p50", "{:.1f}"),
         ("pickup latency p99 (ms)", "latency_p99", "{:.1f}"),
@@ -324,7 +342,8 @@ def table(out: dict) -> str:
     ]
     lines = ["| workload | " + " | ".join(dbs) + " |", "|---|" + "---|" * len(dbs)]
     for label, key, fmt in rows:
-        lines.append(f"| {label} | " + " | ".join(fmt.format(out["results"][d]["median"][key]) for d in dbs) + " |")
+        values = [out["results"][d]["median"].get(key, float("nan")) for d in dbs]
+        lines.append(f"| {label} | " + " | ".join(fmt.format(v) if v == v else "-" for v in values) + " |")
     return "\n".join(lines) + f"\n\n{out['machine']}; median of {out['args']['repeat']} run(s)."
 
 
