@@ -93,6 +93,10 @@ class Job(models.Model):
             # Is anything due at all (an idle worker's first look), and in which band, when many
             # bands hold only future jobs: a range over due rows only.
             models.Index(fields=["status", "next_run_at", "priority"], name="rws_jobs_due_idx"),
+            # The claim of a worker that serves one queue (--queue): the same bands, within the
+            # queue, so other queues' backlogs lie outside its ranges.
+            models.Index(fields=["status", "queue", "priority", "next_run_at", "created_at", "id"],
+                         name="rws_jobs_queue_idx"),
             # Lease recovery: running rows whose lease ran out.
             models.Index(fields=["status", "locked_until"], name="rws_jobs_lease_idx"),
         ]

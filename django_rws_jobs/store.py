@@ -54,10 +54,28 @@ class Claimed:
         return Job(**fields)
 
 
-def _queue_filter(queues: Sequence[str] | None) -> tuple[str, list[Any]]:
+def _queue_filter(queues: Sequence[str] | None, vendor: str = "") -> tuple[str, list[Any]]:
     if not queues:
         return "", []
+    if len(queues) == 1:  # an equality: the queue index's ranges (see _one_queue)
+        if vendor == "postgresql":
+            # Written into the claim, which is prepared: a generic plan for any queue weighs the
+            # queue by the table's average and keeps to the claim index, reading other queues'
+            # rows. An E'' literal escapes the same whatever standard_conforming_strings says;
+            # "%" is doubled for the driver's placeholder syntax.
+            text = queues[0].replace("\\", "\\\\").replace("'", "''").replace("%", "%%")
+            return f" AND queue = E'{text}'", []
+        return " AND queue = %s", list(queues)
     return f" AND queue IN ({', '.join(['%s'] * len(queues))})", list(queues)
+
+
+def _one_queue(queues: Sequence[str] | None) -> bool:
+    """A worker that serves one queue claims through the index led by queue, ``(status, queue,
+    priority, next_run_at, created_at, id)``: its bands are ranges within the queue, so other
+    queues' due and future rows lie outside them (with 100,000 of each in another queue, a
+    claim read them all: 48 ms on PostgreSQL, 74 on SQLite, 249 on MariaDB, measured). Several
+    queues share the claim index and filter its ranges by queue."""
+    return bool(queues) and len(queues) == 1
 
 
 def band_select(columns: str, queues: Sequence[str] | None, priority: int, now: int,
@@ -73,9 +91,9 @@ def band_select(columns: str, queues: Sequence[str] | None, priority: int, now: 
     """
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise ValueError(f"limit must be a positive int, got {limit!r}")
-    qsql, qparams = _queue_filter(queues)
+    qsql, qparams = _queue_filter(queues, vendor)
     return (
-        f"SELECT {columns} FROM rws_jobs{_claim_index_hint(vendor)} WHERE status = 'pending' AND priority = %s "
+        f"SELECT {columns} FROM rws_jobs{_claim_index_hint(vendor, queues)} WHERE status = 'pending' AND priority = %s "
         f"AND next_run_at <= %s{qsql} "
         f"ORDER BY next_run_at ASC, created_at ASC, id ASC LIMIT {limit}",
         [priority, now, *qparams],
@@ -88,9 +106,9 @@ def claim_update(select: str, vendor: str) -> str:
     return f"UPDATE rws_jobs SET {CLAIM_SET} WHERE id IN ({select}{lock}) RETURNING {CLAIM_COLUMNS}"
 
 
-def top_priority_select(queues: Sequence[str] | None, below: int | None) -> tuple[str, list[Any]]:
+def top_priority_select(queues: Sequence[str] | None, below: int | None, vendor: str = "") -> tuple[str, list[Any]]:
     """The highest priority among pending jobs (below ``below``): one probe of the claim index."""
-    qsql, qparams = _queue_filter(queues)
+    qsql, qparams = _queue_filter(queues, vendor)
     bound, bparams = (" AND priority < %s", [below]) if below is not None else ("", [])
     return f"SELECT MAX(priority) FROM rws_jobs WHERE status = 'pending'{bound}{qsql}", [*bparams, *qparams]
 
@@ -119,8 +137,10 @@ def complete_delete(n: int) -> str:
             f"AND (status = 'running') IS TRUE")
 
 
-def _claim_index_hint(vendor: str) -> str:
-    return " FORCE INDEX (rws_jobs_claim_idx)" if vendor == "mysql" else ""
+def _claim_index_hint(vendor: str, queues: Sequence[str] | None = None) -> str:
+    if vendor != "mysql":
+        return ""
+    return " FORCE INDEX (rws_jobs_queue_idx)" if _one_queue(queues) else " FORCE INDEX (rws_jobs_claim_idx)"
 
 
 def _due_index_hint(vendor: str) -> str:
@@ -154,7 +174,7 @@ def top_due_band_select(queues: Sequence[str] | None, below: int | None, now: in
 def top_band_select(columns: str, queues: Sequence[str] | None, below: int | None, now: int,
                     limit: int, vendor: str = "") -> tuple[str, list[Any]]:
     """band_select for the highest band (below ``below``), found by a subquery in the same statement."""
-    top_sql, top_params = top_priority_select(queues, below)
+    top_sql, top_params = top_priority_select(queues, below, vendor)
     select, params = band_select(columns, queues, 0, now, limit, vendor)
     return select.replace("priority = %s", f"priority = ({top_sql})", 1), [*top_params, *params[1:]]
 
@@ -337,7 +357,9 @@ class Store:
         below: int | None = None
         empty_bands = 0
         with self._writes, self._cursor() as c:
-            if probe_first:
+            if probe_first and not _one_queue(queues):
+                # (One queue: the band walk below probes that queue's ranges; the due index
+                # would read other queues' due rows first.)
                 c.execute(*any_due_select(queues, now, self.vendor))
                 if c.fetchone() is None:
                     return []

@@ -142,6 +142,43 @@ def test_claim_statements_are_index_ranges_with_a_million_future_rows():
         assert_completion_by_primary_key()
 
 
+def uses(text: str, index: str) -> bool:
+    """Whether a plan reads ``index`` (MariaDB's JSON also lists the keys it did not use)."""
+    return f'"key": "{index}"' in text if connection.vendor == "mysql" else index in text
+
+
+def test_a_one_queue_claim_reads_only_its_queue_with_a_million_rows_in_another():
+    # A worker started with --queue: the rows of queue 'default' (a million future, 5,000 due)
+    # must lie outside its ranges when it serves another queue; serving 'default' itself, any
+    # index range without a sort will do (every row is that queue's).
+    now = fill(FUTURE_ROWS, 5000)
+    with connection.cursor() as c:
+        for i in range(10):  # a few of its own, so that no planner answers from nothing
+            c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at, queue, priority) "
+                      "VALUES (%s, 't', %s, %s, 'mailers', %s)", [f"m{i}", now - 5 + i, now - 5, i % 2])
+    analyze()
+    for queues in (["mailers"], ["default"]):
+        other = queues == ["mailers"]
+        for below in (None, 2):
+            text = plan(*top_band_select("id", queues, below, now, 16, connection.vendor))
+            assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
+            assert "Sort" not in text and "TEMP B-TREE" not in text and "filesort" not in text, text
+            if other:
+                assert uses(text, "rws_jobs_queue_idx"), text
+                assert not uses(text, "rws_jobs_claim_idx") and not uses(text, "rws_jobs_due_idx"), text
+        for sql in (due_probe(queues, None, now), top_priority_select(queues, None)):  # the idle poll
+            text = plan(*sql)
+            assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
+            if other:
+                assert uses(text, "rws_jobs_queue_idx") or "optimized away" in text, text
+                assert not uses(text, "rws_jobs_claim_idx"), text
+        if connection.vendor == "postgresql":  # prepared, as the worker runs it
+            select, params = top_band_select("id", queues, None, now, 4, "postgresql")
+            text = generic_plan(claim_update(select, "postgresql"), ["token", now + 60, now, *params])
+            assert "Sort" not in text and "Seq Scan" not in text, text
+            assert "rws_jobs_queue_idx" in text or not other, text
+
+
 def assert_completion_by_primary_key() -> None:
     # The statistics say no row is running: the completion must still go by primary key, not
     # through the 'running' part of another index (which a drain fills with deleted rows' entries).

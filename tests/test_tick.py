@@ -45,6 +45,30 @@ def test_queues_filter(runs):
     assert runs() == [("record", "b")]
 
 
+def test_a_one_queue_claim_takes_its_queue_in_order_whatever_the_queue_name():
+    # One queue is claimed through the queue index; on PostgreSQL its name is written into the
+    # statement, so quotes, backslashes and percent signs must come through as they are.
+    from django.db import connection
+
+    from django_rws_jobs.db import private_connection
+
+    odd = "o'k\\%s 50%% \\'; DROP TABLE rws_jobs; --"
+    for p in range(3):
+        rws.enqueue("test.record", f"odd{p}", queue=odd, priority=p)
+    rws.enqueue("test.record", "other", queue="other", priority=9)
+    rws.enqueue("test.record", "prefix", queue=odd[:4], priority=9)
+    now = int(time.time())
+    worker = Store(private_connection("default"))  # the worker's: prepared on PostgreSQL
+    try:
+        claimed = worker.claim("w#1", now, now + 60, [odd], 2)
+    finally:
+        worker.conn.close()
+    assert [(j.payload, j.queue) for j in claimed] == [("odd2", odd), ("odd1", odd)]
+    claimed = Store(connection).claim("w#2", now, now + 60, [odd], 2)
+    assert [(j.payload, j.queue) for j in claimed] == [("odd0", odd)]
+    assert sorted(Job.objects.filter(status="pending").values_list("payload", flat=True)) == ["other", "prefix"]
+
+
 def test_handler_runs_outside_any_transaction(runs):
     rws.enqueue("test.in_transaction", "x")
     assert rws.tick()

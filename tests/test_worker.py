@@ -418,19 +418,24 @@ def test_a_group_wide_signal_stops_processes_gracefully(workers):
 
 
 def test_a_forked_process_gets_a_worker_id_of_its_own():
-    from django_rws_jobs.worker import claim_token, worker_id
-
-    parent = worker_id()
-    assert parent.split(":")[1] == str(os.getpid())
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report its claim token and leave at once
-        os.write(write, claim_token().encode())
-        os._exit(0)
-    os.close(write)
-    os.waitpid(pid, 0)
-    child = os.read(read, 500).decode()
-    os.close(read)
-    assert child.split("#")[0] != parent
-    assert child.split(":")[1] == str(pid)
-    assert worker_id() == parent
+    # In a child of its own: this test process has threads, and forking it would warn.
+    code = (
+        "import os\n"
+        "from django_rws_jobs.worker import claim_token, worker_id\n"
+        "parent = worker_id()\n"
+        "read, write = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.write(write, claim_token().encode())\n"
+        "    os._exit(0)\n"
+        "os.close(write)\n"
+        "os.waitpid(pid, 0)\n"
+        "print(os.getpid(), parent, pid, os.read(read, 500).decode(), worker_id())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", "import django; django.setup()\n" + code], cwd=ROOT,
+                         env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    pid, parent, child_pid, child_token, parent_after = out.stdout.split()
+    assert parent.split(":")[1] == pid and parent_after == parent
+    assert child_token.split("#")[0] != parent
+    assert child_token.split(":")[1] == child_pid
