@@ -150,18 +150,22 @@ def is_registered(conn: BaseDatabaseWrapper) -> bool:
 
 
 @contextmanager
-def atomic(conn: BaseDatabaseWrapper, *, write: bool = True) -> Iterator[None]:
-    """A short transaction on ``conn`` (a savepoint inside the caller's, on Django's connection)."""
+def atomic(conn: BaseDatabaseWrapper, *, write: bool = True, cursor: Any = None) -> Iterator[None]:
+    """A short transaction on ``conn`` (a savepoint inside the caller's, on Django's connection).
+
+    ``cursor``: a context manager that gives the cursor to send BEGIN and COMMIT with (a Store's
+    kept one); by default a new cursor of ``conn``.
+    """
     if is_registered(conn):
         with transaction.atomic(using=conn.alias):
             yield
         return
     begin = "BEGIN IMMEDIATE" if conn.vendor == "sqlite" and write else "BEGIN"
-    with conn.cursor() as cursor:
-        cursor.execute(begin)
+    with cursor if cursor is not None else conn.cursor() as c:
+        c.execute(begin)
         try:
             yield
         except BaseException:
-            cursor.execute("ROLLBACK")
+            c.execute("ROLLBACK")
             raise
-        cursor.execute("COMMIT")
+        c.execute("COMMIT")

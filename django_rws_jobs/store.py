@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import time
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -57,7 +57,7 @@ class Claimed:
 def _queue_filter(queues: Sequence[str] | None, vendor: str = "") -> tuple[str, list[Any]]:
     if not queues:
         return "", []
-    if len(queues) == 1:  # an equality: the queue index's ranges (see _one_queue)
+    if _one_queue(queues):  # an equality: the queue index's ranges
         if vendor == "postgresql":
             # Written into the claim, which is prepared: a generic plan for any queue weighs the
             # queue by the table's average and keeps to the claim index, reading other queues'
@@ -300,21 +300,9 @@ class Store:
                 self._kept = _DriverCursor(wrapper.cursor, False, self.conn.wrap_database_errors)
         return self._kept
 
-    @contextmanager
-    def _atomic(self) -> Any:
+    def _atomic(self) -> AbstractContextManager[None]:
         """A short write transaction (see db.atomic), on the kept cursor where there is one."""
-        if not getattr(self.conn, "rws_private", False):
-            with atomic(self.conn):
-                yield
-            return
-        with self._cursor() as c:
-            c.execute("BEGIN IMMEDIATE" if self.vendor == "sqlite" else "BEGIN")
-            try:
-                yield
-            except BaseException:
-                c.execute("ROLLBACK")
-                raise
-            c.execute("COMMIT")
+        return atomic(self.conn, cursor=self._cursor() if getattr(self.conn, "rws_private", False) else None)
 
     def _execute(self, c: Any, sql: str, params: list[Any]) -> None:
         """Run one of the hot statements, prepared where ``self.prepare`` says so."""
