@@ -1,6 +1,6 @@
 """The worker's CPU time per job, and what its claims and completions look like, in one drain.
 
-    scripts/bench cpu [sqlite|postgres|mysql] [--jobs N] [--workers W] [--repeat R] [--future F]
+    scripts/bench cpu [sqlite|postgres|mysql] [--jobs N] [--workers W] [--repeat R] [--future F [--future-bands B]]
 
 Runs `rws_worker --burst` in this process over N due no-op jobs and reports the rate, the
 process's CPU time (user + system) per job, how many jobs each claim and completion carried, and
@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--future", type=int, default=0, help="not-yet-due jobs in the table during the drains")
+    parser.add_argument("--future-bands", type=int, default=0,
+                        help="spread the future jobs over this many priorities above the due jobs'")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from benchmarks.run import clear, fill_future, reset_database, setup_django
@@ -66,7 +68,7 @@ def main() -> None:
 
     Store.claim, Store.complete_many = timed_claim, timed_complete
     if args.future:
-        fill_future(args.future)
+        fill_future(args.future, args.future_bands)
     for run in range(args.repeat):
         if not args.future:
             clear()

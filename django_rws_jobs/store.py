@@ -22,9 +22,9 @@ CLAIM_COLUMNS = (
     "id, job_type, payload, queue, priority, attempts, max_retries, next_run_at, created_at, unique_key"
 )
 ORDER = "priority DESC, next_run_at ASC, created_at ASC, id ASC"
-#: Bands without due jobs a claim walks through before it looks for the highest due band directly.
-MAX_EMPTY_BANDS = 8
-INT64_MAX = 2**63 - 1
+#: Bands without due jobs a claim's band walk passes before it looks for the highest due band by
+#: reading the due rows (see due_band_select).
+MAX_BAND_WALK = 64
 #: Prefix of the lease given to a running row found without one (a seed writer's claim).
 SEED_MARKER = "seed:"
 #: MariaDB/MySQL: how long a dispatcher's claims start after the last row it claimed (seconds).
@@ -113,15 +113,60 @@ def top_priority_select(queues: Sequence[str] | None, below: int | None, vendor:
     return f"SELECT MAX(priority) FROM rws_jobs WHERE status = 'pending'{bound}{qsql}", [*bparams, *qparams]
 
 
-def due_probe(queues: Sequence[str] | None, below: int | None, now: int) -> tuple[str, list[Any]]:
-    """Read-only: the top band (below ``below``) and whether it has a due job. What an idle worker
-    asks before it writes anything, so polling takes no write lock."""
-    qsql, qparams = _queue_filter(queues)
-    top_sql, top_params = top_priority_select(queues, below)
+def due_band_select(queues: Sequence[str] | None, below: int | None, now: int,
+                    vendor: str = "") -> tuple[str, list[Any]]:
+    """Read-only: the highest band (below ``below``) that holds a due job, in one statement.
+
+    Walks the pending bands from the top, one probe of the claim index for the next band and one
+    for a due job in it, and stops at the first band with a due job, at the last band, or after
+    ``MAX_BAND_WALK`` bands. Returns one row (priority, due, passed): (p, true, ...) is the band
+    to claim from; (NULL, ...) says nothing is due there; (p, false, ...) says the walk gave up
+    at band p, and ``top_due_band_select`` below p finds the band; ``passed`` whether it passed
+    bands that hold only future jobs. One round trip however many such bands there are: walking
+    them one statement at a time, then scanning the due rows, made each claim take 8 ms on
+    PostgreSQL with 2,000 due jobs below 20 such bands (measured).
+    """
+    bound, bparams = (" AND priority < %s", [below]) if below is not None else ("", [])
+    if vendor == "mysql":
+        return _due_band_select_mysql(queues, bound, bparams, now)
+    qsql, qparams = _queue_filter(queues, vendor)
+    # The due time of the band's first job in claim order, the first entry of its range: a scalar
+    # subquery, which no planner turns into a join over every due row (PostgreSQL did that with
+    # NOT EXISTS). In the claim's whole order, which only the claim index has: for MIN(next_run_at)
+    # PostgreSQL chose the due index, filtering the band's priority over all pending rows.
+    first = (f"(SELECT next_run_at FROM rws_jobs WHERE status = 'pending' AND priority = bands.p{qsql} "
+             f"ORDER BY next_run_at, created_at, id LIMIT 1)")
     return (
-        f"SELECT top.p, EXISTS (SELECT 1 FROM rws_jobs WHERE status = 'pending' AND priority = top.p "
-        f"AND next_run_at <= %s{qsql}) FROM ({top_sql.replace('MAX(priority)', 'MAX(priority) AS p', 1)}) top",
-        [now, *qparams, *top_params],
+        "WITH RECURSIVE bands (p, n) AS ("
+        f"SELECT (SELECT MAX(priority) FROM rws_jobs WHERE status = 'pending'{bound}{qsql}), 1 "
+        "UNION ALL "
+        f"SELECT (SELECT MAX(priority) FROM rws_jobs WHERE status = 'pending' AND priority < bands.p{qsql}), n + 1 "
+        f"FROM bands WHERE bands.p IS NOT NULL AND n < {MAX_BAND_WALK} AND {first} > %s) "
+        f"SELECT p, {first} <= %s, n > 1 FROM bands ORDER BY n DESC LIMIT 1",
+        [*bparams, *qparams, *qparams, *qparams, now, *qparams, now],
+    )
+
+
+def _due_band_select_mysql(queues: Sequence[str] | None, bound: str, bparams: list[Any],
+                           now: int) -> tuple[str, list[Any]]:
+    """due_band_select for MariaDB/MySQL, whose correlated MIN and MAX subqueries read the whole
+    band (a walk over 20 bands of 5,000 future jobs took 700 ms, measured). A loose index scan
+    instead: one index dive per band for its earliest due time. The status (and a single queue)
+    is written as a range: with an equality MariaDB reads the index by ``ref``, every row."""
+    if queues:
+        index, group = "rws_jobs_queue_idx", "status, queue, priority"
+        if _one_queue(queues):
+            qsql, qparams = " AND queue >= %s AND queue <= %s", [queues[0], queues[0]]
+        else:
+            qsql, qparams = f" AND queue IN ({', '.join(['%s'] * len(queues))})", list(queues)
+    else:
+        index, group, qsql, qparams = "rws_jobs_claim_idx", "status, priority", "", []
+    due = "CASE WHEN first <= %s THEN priority END"
+    return (
+        f"SELECT MAX({due}), 1, MAX({due}) < MAX(priority) FROM (SELECT priority, MIN(next_run_at) AS first "
+        f"FROM rws_jobs FORCE INDEX ({index}) WHERE status >= 'pending' AND status <= 'pending'{qsql}{bound} "
+        f"GROUP BY {group}) AS bands",
+        [now, now, *qparams, *bparams],
     )
 
 
@@ -280,6 +325,9 @@ class Store:
         # until when (time.monotonic()) the next claim may start there (see _claim_mysql).
         self._resume: tuple[Any, ...] | None = None
         self._resume_until = 0.0
+        # The last band walk passed bands that hold only future jobs: the next claim walks first
+        # too, instead of trying the top band (a claim that finds nothing) every time.
+        self._walk_first = False
         self._writes = write_lock(conn)  # held around each write (see db.write_lock)
         self._kept: Any = None  # the private connection's cursor, once opened (see _cursor)
 
@@ -337,13 +385,15 @@ class Store:
 
         Jobs are taken priority band by priority band, highest first: the claim index
         ``(status, priority, next_run_at, created_at, id)`` makes each band a range that stops at
-        LIMIT, and finding the next band one probe, so neither many due rows (no sort) nor many
-        future rows (they lie past the range) slow a claim down.
+        LIMIT, so neither many due rows (no sort) nor many future rows (they lie past the range)
+        slow a claim down. A busy queue's claim finds its band by a subquery (one statement);
+        when that band has nothing due, one read-only walk finds the next band with a due job,
+        however many bands above it hold only future jobs (see due_band_select).
         """
         set_params = [token, lease_until, now]
         taken: list[tuple] = []
-        below: int | None = None
-        empty_bands = 0
+        below: int | None = None  # the next claim looks at bands below this one
+        band: int | None = None  # a band the band walk found with a due job
         with self._writes, self._cursor() as c:
             if probe_first and not _one_queue(queues):
                 # (One queue: the band walk below probes that queue's ranges; the due index
@@ -351,32 +401,24 @@ class Store:
                 c.execute(*any_due_select(queues, now, self.vendor))
                 if c.fetchone() is None:
                     return []
+            probe_first = probe_first or self._walk_first
             while len(taken) < limit:
-                if empty_bands >= MAX_EMPTY_BANDS:
-                    # Many bands above hold only future jobs: go straight to the highest due band.
-                    c.execute(*top_due_band_select(queues, below, now, self.vendor))
-                    top = c.fetchone()[0]
-                    if top is None:
-                        break
-                    below = top + 1 if top < INT64_MAX else None  # the band "below top + 1" is top
-                    empty_bands = 0
                 if probe_first:
-                    c.execute(*due_probe(queues, below, now))
-                    top, due = c.fetchone()
-                    if top is None:
+                    band = self._due_band(c, queues, below, now)
+                    if band is None:
                         break
-                    if not due:
-                        below = top
-                        empty_bands += 1
-                        continue
                     probe_first = False
-                # The band is found by a subquery of the claim itself: one statement when the top
-                # band has due jobs, which is the steady state of a busy queue.
-                select, params = top_band_select(CLAIM_COLUMNS if self.vendor == "mysql" else "id",
-                                                 queues, below, now, limit - len(taken), self.vendor)
+                want = limit - len(taken)
+                columns = CLAIM_COLUMNS if self.vendor == "mysql" else "id"
+                if band is None:
+                    # The band is found by a subquery of the claim itself: one statement when the
+                    # top band has due jobs, which is the steady state of a busy queue.
+                    select, params = top_band_select(columns, queues, below, now, want, self.vendor)
+                else:
+                    select, params = band_select(columns, queues, band, now, want, self.vendor)
                 if self.vendor == "mysql":
-                    rows = self._claim_mysql(set_params, select, params, limit - len(taken),
-                                             self._resume_point(queues) if below is None else None)
+                    rows = self._claim_mysql(set_params, select, params, want,
+                                             self._resume_point(queues) if below is None and band is None else None)
                     if rows:
                         self._keep_resume_point(queues, rows[-1])
                 else:
@@ -386,15 +428,25 @@ class Store:
                 if rows:
                     taken += rows
                     below = rows[0][4]
-                    continue
-                # The top band had nothing due (or others took it): is there a band below it?
-                c.execute(*top_priority_select(queues, below))
-                below = c.fetchone()[0]
-                if below is None:
-                    break
-                empty_bands += 1
-                probe_first = True  # the bands below may hold only future jobs: look before locking
+                elif band is not None:
+                    below = band  # others took its due jobs meanwhile: look below it
+                # Short: the band had fewer due jobs than wanted, or none (the top band may hold
+                # only future jobs): walk the bands below to the next one with a due job.
+                band = None
+                probe_first = True
         return [Claimed(*row, token=token) for row in taken]
+
+    def _due_band(self, c: Any, queues: Sequence[str] | None, below: int | None, now: int) -> int | None:
+        """The highest band below ``below`` with a due job (see due_band_select), or None."""
+        self._execute(c, *due_band_select(queues, below, now, self.vendor))
+        top, due, passed = c.fetchone()
+        if below is None:
+            self._walk_first = bool(passed) and top is not None
+        if top is None or due:
+            return top
+        # The walk passed MAX_BAND_WALK bands that hold only future jobs: read the due rows.
+        c.execute(*top_due_band_select(queues, top, now, self.vendor))
+        return c.fetchone()[0]
 
     def _resume_point(self, queues: Sequence[str] | None) -> tuple[Any, ...] | None:
         # Not with a queue filter: then MariaDB cannot know the top band when it plans the claim

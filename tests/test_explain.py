@@ -12,7 +12,7 @@ from django_rws_jobs.store import (
     band_select,
     claim_update,
     complete_delete,
-    due_probe,
+    due_band_select,
     top_band_select,
     top_due_band_select,
     top_priority_select,
@@ -125,9 +125,13 @@ def test_claim_statements_are_index_ranges_with_a_million_future_rows():
         if connection.vendor == "postgresql":
             assert_prepared_claims_are_index_ranges(now)
         for below in (None, 2):
-            text = plan(*due_probe(None, below, now))  # the idle poll
-            assert "rws_jobs_claim_idx" in text, text
-            assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n" and "ALL" not in text, text
+            # The band walk (the idle poll's, and a claim's below future-only bands): index probes
+            # per band, never the due rows or the bands' rows.
+            for queues in (None, ["default", "mailers"]):
+                assert_band_walk(plan(*due_band_select(queues, below, now, connection.vendor)), queues)
+        if connection.vendor == "postgresql":  # prepared, as the worker runs it
+            for queues in (None, ["default", "mailers"]):
+                assert_band_walk(generic_plan(*due_band_select(queues, None, now, "postgresql")), queues)
         for queues in (None, ["default"]):
             for sql in (any_due_select(queues, now, connection.vendor),
                         top_due_band_select(queues, None, now, connection.vendor)):
@@ -140,6 +144,19 @@ def test_claim_statements_are_index_ranges_with_a_million_future_rows():
         text = plan(*top_priority_select(None, 2))
         assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
         assert_completion_by_primary_key()
+
+
+def assert_band_walk(text: str, queues) -> None:
+    assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
+    assert "Hash" not in text and "rws_jobs_due_idx" not in text, text  # no join over the due rows
+    if connection.vendor == "mysql":  # a loose index scan: one dive per band
+        assert '"using_index_for_group_by": true' in text, text
+        assert uses(text, "rws_jobs_queue_idx" if queues else "rws_jobs_claim_idx"), text
+    else:
+        assert "rws_jobs_claim_idx" in text or (queues and "rws_jobs_queue_idx" in text), text
+        # The one sort is of the walk's own rows, to pick its last: no band's rows are sorted.
+        assert text.count("Sort Key:") == text.count("Sort Key: bands.n DESC") <= 1, text
+        assert text.count("TEMP B-TREE") <= 1 and "TEMP B-TREE" not in text.split("RECURSIVE STEP")[0], text
 
 
 def uses(text: str, index: str) -> bool:
@@ -166,9 +183,11 @@ def test_a_one_queue_claim_reads_only_its_queue_with_a_million_rows_in_another()
             if other:
                 assert uses(text, "rws_jobs_queue_idx"), text
                 assert not uses(text, "rws_jobs_claim_idx") and not uses(text, "rws_jobs_due_idx"), text
-        for sql in (due_probe(queues, None, now), top_priority_select(queues, None)):  # the idle poll
+        for sql in (due_band_select(queues, None, now, connection.vendor),  # the idle poll's band walk
+                    top_priority_select(queues, None)):
             text = plan(*sql)
             assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
+            assert "Hash" not in text and not uses(text, "rws_jobs_due_idx"), text
             if other:
                 assert uses(text, "rws_jobs_queue_idx") or "optimized away" in text, text
                 assert not uses(text, "rws_jobs_claim_idx"), text

@@ -334,6 +334,80 @@ def test_tick_renews_the_lease_while_the_handler_runs(runs):
     assert runs("end") == [("end", "3")] and not Job.objects.filter(id=job_id).exists()
 
 
+def _claim_statements(store, token, probe_first=False, queues=None):
+    """(ids claimed, statements run on the job table) for one claim of one job."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    now = int(time.time())
+    with CaptureQueriesContext(connection) as queries:
+        claimed = store.claim(token, now, now + 60, queues, 1, probe_first=probe_first)
+    return [j.id for j in claimed], [q["sql"] for q in queries if "rws_jobs" in q["sql"]]
+
+
+@pytest.mark.parametrize("bands", [3, 40])
+def test_bands_of_future_jobs_above_the_due_ones_cost_a_claim_one_walk(bands):
+    # Higher priorities hold only future jobs: a claim finds the due band in one statement
+    # however many such bands there are, and then claims from it.
+    from django.db import connection
+
+    for p in range(1, bands + 1):
+        rws.enqueue("test.record", f"future-{p}", priority=p, run_in=3600)
+    due = [rws.enqueue("test.record", f"due-{i}", priority=0) for i in range(3)]
+    store = Store(connection)
+    ids, first = _claim_statements(store, "w#1")
+    assert ids == due[:1]
+
+    def walks(statements):
+        return sum("WITH RECURSIVE" in q or "GROUP BY" in q for q in statements)
+
+    assert walks(first) == 1, first
+    ids, second = _claim_statements(store, "w#2")
+    assert ids == due[1:2] and walks(second) == 1, second
+    idle_ids, idle = _claim_statements(Store(connection), "w#3", probe_first=True)
+    assert idle_ids == due[2:] and walks(idle) == 1, idle
+    if connection.vendor != "mysql":  # (MariaDB's claim statements run on the driver's cursor)
+        # Tried the top band (future only), walked, claimed; then the walk comes first: no try.
+        assert len(first) == 3 and len(second) == 2, (first, second)
+        assert len(idle) == 3, idle  # any-due look, walk, claim
+
+
+def test_a_walking_claim_still_takes_a_higher_band_that_becomes_due_first():
+    from django.db import connection
+
+    for p in range(1, 11):
+        rws.enqueue("test.record", f"future-{p}", priority=p, run_in=3600)
+    low = [rws.enqueue("test.record", f"low-{i}", priority=0) for i in range(2)]
+    store = Store(connection)
+    assert _claim_statements(store, "w#1")[0] == low[:1]
+    high = rws.enqueue("test.record", "high", priority=5)
+    top = rws.enqueue("test.record", "top", priority=99, run_in=3600)
+    Job.objects.filter(id=top).update(next_run_at=int(time.time()) - 1)  # a future job falls due
+    assert _claim_statements(store, "w#2")[0] == [top]
+    assert _claim_statements(store, "w#3")[0] == [high]
+    assert _claim_statements(store, "w#4")[0] == low[1:]
+    assert _claim_statements(store, "w#5")[0] == []
+
+
+@pytest.mark.parametrize("queues", [None, ["default"], ["default", "other"]])
+def test_more_future_only_bands_than_a_walk_passes_still_find_the_due_band(queues):
+    from django.db import connection
+
+    from django_rws_jobs.store import MAX_BAND_WALK
+
+    with connection.cursor() as c:  # one future job in each of more bands than a walk passes
+        now = int(time.time())
+        for p in range(1, MAX_BAND_WALK + 11):
+            c.execute("INSERT INTO rws_jobs (id, job_type, payload, next_run_at, created_at, priority, queue) "
+                      "VALUES (%s, 'test.record', '', %s, %s, %s, 'default')", [f"f{p}", now + 3600, now, p])
+    other = rws.enqueue("test.record", "other queue", priority=0, queue="other")
+    due = [rws.enqueue("test.record", f"due-{i}", priority=-i) for i in range(2)]
+    store = Store(connection)
+    expect = due if queues == ["default"] else [other, *due]  # same priority and second: id order
+    taken = [_claim_statements(store, f"w#{i}", queues=queues)[0] for i in range(len(expect) + 1)]
+    assert taken == [[job] for job in expect] + [[]]
+
+
 def test_many_bands_of_future_jobs_do_not_make_a_claim_walk_them_all():
     from django.db import connection
     from django.test.utils import CaptureQueriesContext

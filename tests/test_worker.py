@@ -324,6 +324,16 @@ def test_worker_bookkeeping_connection_settings_on_postgres(settings):
         assert show(conn, "synchronous_commit") == "off"
         assert show(conn, "enable_seqscan") == "off"  # prepared plans keep to the indexes
         assert conn.settings_dict["OPTIONS"]["server_side_binding"] is True
+        # Disabled sorts price the band walk's sort of its own rows above jit_above_cost: JIT
+        # compiled it for 170 ms. It must be off on the worker's connections.
+        assert show(conn, "jit") == "off"
+        from django_rws_jobs.store import due_band_select
+
+        with conn.cursor() as c:
+            c.execute("EXPLAIN " + due_band_select(None, None, 0, "postgresql")[0], due_band_select(None, None, 0)[1])
+            text = "\n".join(r[0] for r in c.fetchall())
+        assert float(text.split("..")[1].split()[0]) > float(show(conn, "jit_above_cost")), text
+        assert "JIT" not in text, text
     finally:
         conn.close()
     settings.RWS_JOBS = {"WORKER_SYNCHRONOUS_COMMIT": True}
