@@ -158,7 +158,7 @@ def _due_band_select_mysql(queues: Sequence[str] | None, bound: str, bparams: li
         if _one_queue(queues):
             qsql, qparams = " AND queue >= %s AND queue <= %s", [queues[0], queues[0]]
         else:
-            qsql, qparams = f" AND queue IN ({', '.join(['%s'] * len(queues))})", list(queues)
+            qsql, qparams = _queue_filter(queues)
     else:
         index, group, qsql, qparams = "rws_jobs_claim_idx", "status, priority", "", []
     due = "CASE WHEN first <= %s THEN priority END"
@@ -394,6 +394,7 @@ class Store:
         taken: list[tuple] = []
         below: int | None = None  # the next claim looks at bands below this one
         band: int | None = None  # a band the band walk found with a due job
+        columns = CLAIM_COLUMNS if self.vendor == "mysql" else "id"
         with self._writes, self._cursor() as c:
             if probe_first and not _one_queue(queues):
                 # (One queue: the band walk below probes that queue's ranges; the due index
@@ -409,7 +410,6 @@ class Store:
                         break
                     probe_first = False
                 want = limit - len(taken)
-                columns = CLAIM_COLUMNS if self.vendor == "mysql" else "id"
                 if band is None:
                     # The band is found by a subquery of the claim itself: one statement when the
                     # top band has due jobs, which is the steady state of a busy queue.
