@@ -273,7 +273,67 @@ def test_enqueue_many_stores_any_text_exactly():
     assert [stored[i] for i in ids] == [(f"t'{i}", t, "q\\'") for i, t in enumerate(texts)] * 2
 
 
-def test_enqueue_many_validates_everything_first():
+def test_enqueue_many_error_in_a_later_batch_rolls_back_the_call_and_leaves_the_connection_usable(monkeypatch):
+    """The MySQL path sends each batch before building the next; a batch the database refuses
+    must surface as Django's IntegrityError, leave nothing of the call, and leave the connection
+    in step for the next statement. (PostgreSQL's COPY must raise Django's error too.)"""
+    from django.db import IntegrityError
+
+    from django_rws_jobs import ids as ids_module
+
+    taken = rws.enqueue("x", "first")
+    real, calls = ids_module.new_id, []
+
+    def new_id():  # the 25th id repeats the stored job's: batch 3 of 10 is refused
+        calls.append(1)
+        return taken if len(calls) == 25 else real()
+
+    monkeypatch.setattr(ids_module, "new_id", new_id)
+    with pytest.raises(IntegrityError):
+        rws.enqueue_many([("x", str(i)) for i in range(60)], batch_size=10)
+    monkeypatch.setattr(ids_module, "new_id", real)
+    assert list(Job.objects.values_list("payload", flat=True)) == ["first"]
+    after = rws.enqueue_many([("x", str(i)) for i in range(35)], batch_size=10)
+    assert sorted(Job.objects.exclude(id=taken).values_list("id", flat=True)) == sorted(after)
+
+
+def test_enqueue_many_statements_are_seen_by_execute_wrappers_and_the_query_log():
+    from django.test.utils import CaptureQueriesContext
+
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        first = rws.enqueue_many([("x", str(i)) for i in range(25)], batch_size=10)
+    with CaptureQueriesContext(connection) as captured:
+        second = rws.enqueue_many([("x", str(i)) for i in range(25)], batch_size=10)
+    if connection.vendor != "postgresql":  # PostgreSQL's COPY is not a cursor statement
+        texts = [s if isinstance(s, str) else s.decode() for s in seen]
+        assert sum(s.startswith("INSERT INTO rws_jobs ") for s in texts) == 3
+        assert sum(q["sql"].startswith("INSERT INTO rws_jobs") for q in captured.captured_queries) == 3
+    assert Job.objects.filter(id__in=first + second).count() == 50
+
+
+def test_enqueue_many_bad_item_after_written_batches_stores_nothing_of_the_call():
+    """Rows go in while later items are validated; a bad item late in the call rolls back the
+    batches already sent (on PostgreSQL the COPY is aborted), keeps the caller's earlier work and
+    leaves the connection usable."""
+    items = [("x", str(i)) for i in range(2500)] + [("x", None)] + [("x", "after")] * 10
+    with pytest.raises(TypeError, match=r"job #2500: payload must be a str, got NoneType"):
+        rws.enqueue_many(items, batch_size=1000)
+    assert Job.objects.count() == 0
+    with transaction.atomic():
+        kept = rws.enqueue("x", "kept")
+        with pytest.raises(ValueError, match=r"job #1200: priority 9223372036854775808 is out of range"):
+            rws.enqueue_many([("x", "in")] * 1200 + [{"job_type": "x", "priority": 2**63}], batch_size=500)
+        also = rws.enqueue_many([("x", "also")] * 3, batch_size=2)
+    assert sorted(Job.objects.values_list("id", flat=True)) == sorted([kept, *also])
+
+
+def test_enqueue_many_names_the_bad_item_and_stores_nothing():
     with pytest.raises(TypeError, match=r"job #2: payload must be a str, got NoneType"):
         rws.enqueue_many([("a", "1"), ("a", "2"), ("a", None)])
     with pytest.raises(ValueError, match=r"job #1: queue name 'qqqq.*is 65 characters; the limit is 64"):
