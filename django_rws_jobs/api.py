@@ -229,6 +229,8 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
             elif conn.vendor == "mysql" and hasattr(c.cursor.connection, "literal"):  # mysqlclient
                 _insert_quoted(conn, c, plain(), batch_size)
             else:
+                if conn.vendor == "sqlite":  # at most SQLite's limit on a statement's parameters
+                    batch_size = min(batch_size, _sqlite_rows_per_statement(c.cursor.connection))
                 for chunk in _batches(plain(), batch_size):
                     values = ", ".join([INSERT_VALUES] * len(chunk))
                     c.execute(INSERT_HEAD + values, [v for row in chunk for v in row])
@@ -240,6 +242,18 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
 def _batches(rows: Iterator[list[Any]], size: int) -> Iterator[list[list[Any]]]:
     while chunk := list(itertools.islice(rows, size)):
         yield chunk
+
+
+def _sqlite_rows_per_statement(raw: Any) -> int:
+    """Rows (10 parameters each) that fit SQLite's limit on a statement's parameters: 32,766 in
+    SQLite's default build since 3.32, 999 before; builds differ (Debian's: 250,000)."""
+    try:
+        import sqlite3
+
+        limit = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)  # Python 3.11+
+    except AttributeError:
+        limit = 999
+    return max(limit // 10, 1)
 
 
 def _insert_quoted(conn: Any, c: Any, rows: Iterator[list[Any]], batch_size: int) -> None:

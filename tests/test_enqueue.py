@@ -333,6 +333,24 @@ def test_enqueue_many_bad_item_after_written_batches_stores_nothing_of_the_call(
     assert sorted(Job.objects.values_list("id", flat=True)) == sorted([kept, *also])
 
 
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's limit on a statement's parameters")
+def test_enqueue_many_keeps_each_sqlite_statement_within_the_parameter_limit():
+    """SQLite builds differ in how many parameters a statement may have (999 before 3.32, 32,766
+    by default since, 250,000 in Debian's); a batch of 1,000 rows has 10,000."""
+    import sqlite3
+
+    connection.ensure_connection()
+    raw = connection.connection
+    if not hasattr(raw, "setlimit"):
+        pytest.skip("sqlite3.Connection.setlimit needs Python 3.11")
+    before = raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+    try:
+        ids = rws.enqueue_many([("x", str(i)) for i in range(2500)], batch_size=1000)
+    finally:
+        raw.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, before)
+    assert sorted(Job.objects.values_list("id", flat=True)) == sorted(ids) and len(ids) == 2500
+
+
 def test_enqueue_many_names_the_bad_item_and_stores_nothing():
     with pytest.raises(TypeError, match=r"job #2: payload must be a str, got NoneType"):
         rws.enqueue_many([("a", "1"), ("a", "2"), ("a", None)])
