@@ -284,7 +284,7 @@ def test_enqueue_many_error_in_a_later_batch_rolls_back_the_call_and_leaves_the_
     taken = rws.enqueue("x", "first")
     real, calls = ids_module.new_id, []
 
-    def new_id():  # the 25th id repeats the stored job's: batch 3 of 10 is refused
+    def new_id():  # the 25th id repeats the stored job's: batch 3 of 6 is refused
         calls.append(1)
         return taken if len(calls) == 25 else real()
 
