@@ -3,7 +3,8 @@
     scripts/bench cpu [sqlite|postgres|mysql] [--jobs N] [--workers W] [--repeat R] [--future F [--future-bands B]]
 
 Runs `rws_worker --burst` in this process over N due no-op jobs and reports the rate, the
-process's CPU time (user + system) per job, how many jobs each claim and completion carried, and
+process's CPU time (user + system) per job and each role's share of it (the dispatcher, the
+executors together, the completer, the keeper), how many jobs each claim and completion carried, and
 the claim's and completion's wall time. CPU time per job varies much less than the rate on a
 shared machine (other tenants take cycles, not instructions), so it is the figure to compare two
 versions of the hot path by, run one after the other on the same machine. On SQLite the
@@ -44,6 +45,7 @@ def main() -> None:
 
     from django_rws_jobs import enqueue_many
     from django_rws_jobs.store import Store
+    from django_rws_jobs.worker import Worker
 
     reset_database(args.db)
     claims: collections.Counter[int] = collections.Counter()
@@ -67,12 +69,26 @@ def main() -> None:
         return done
 
     Store.claim, Store.complete_many = timed_claim, timed_complete
+
+    # CPU time of each role's threads (executors summed), read as each thread ends.
+    roles: collections.Counter[str] = collections.Counter()
+    spawn = Worker._spawn
+
+    def timed_spawn(self, name, target, *a):
+        def run(*args):
+            try:
+                target(*args)
+            finally:
+                roles["rws-job-*" if name.startswith("rws-job-") else name] += time.thread_time()
+        spawn(self, name, run, *a)
+
+    Worker._spawn = timed_spawn
     if args.future:
         fill_future(args.future, args.future_bands)
     for run in range(args.repeat):
         if not args.future:
             clear()
-        claims.clear(), completions.clear(), claim_s.clear(), complete_s.clear()
+        claims.clear(), completions.clear(), claim_s.clear(), complete_s.clear(), roles.clear()
         enqueue_many([("bench.noop", "")] * args.jobs)
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         call_command("rws_worker", burst=True, workers=args.workers, verbosity=0)
@@ -80,6 +96,7 @@ def main() -> None:
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         print(f"{args.db} run {run + 1}: {args.jobs / (t1 - t0):,.0f} jobs/s, worker CPU "
               f"{cpu / args.jobs * 1e6:.0f} us/job (system {(r1.ru_stime - r0.ru_stime) / args.jobs * 1e6:.0f})")
+        print("  CPU by thread (us/job): " + ", ".join(f"{k} {v / args.jobs * 1e6:.0f}" for k, v in roles.most_common()))
         print(f"  claims by size {sorted(claims.items())}; completions by size {sorted(completions.items())[:8]}")
         for label, values in (("claim", claim_s), ("completion", complete_s)):
             print(f"  {label}: p50 {percentile(values, 0.5) * 1e6:.0f} us, p90 {percentile(values, 0.9) * 1e6:.0f} us, "

@@ -106,6 +106,22 @@ def test_max_jobs_stops_the_worker(workers):
     assert len(run_counts()) == 2 and Job.objects.count() == 3
 
 
+def test_a_worker_holds_no_more_jobs_than_it_has_threads(workers):
+    # The dispatcher claims only for idle executors: a worker never holds a job it cannot start
+    # now, so what it cannot run stays pending for other workers (and keeps its place in the
+    # queue's order, its lease its meaning).
+    for i in range(6):
+        rws.enqueue("test.sleep", f"0.4{i}")
+    w = workers("--workers", "2", "--burst")
+    peak = 0
+    while w.proc.poll() is None:
+        peak = max(peak, Job.objects.filter(status="running").count())
+        time.sleep(0.01)
+    assert w.wait() == 0, w.output()
+    assert len(run_counts("end")) == 6 and Job.objects.count() == 0
+    assert peak == 2  # both threads busy at once, never more claimed
+
+
 def test_a_handlers_connection_is_closed_after_each_job(workers):
     # Django's request hygiene, per job: with CONN_MAX_AGE = 0 (the default) the connection a
     # handler opened is closed when the job ends, so the next job on that thread opens its own.
@@ -414,6 +430,37 @@ def test_notify_wakes_an_idle_postgres_worker(workers):
     assert time.monotonic() - t0 < 2
     w.signal(signal.SIGTERM)
     assert w.wait() == 0
+
+
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="LISTEN/NOTIFY")
+def test_an_idle_postgres_worker_polls_when_no_notification_arrives(workers):
+    # Behind a pooler that breaks LISTEN (PgBouncer in transaction mode) no notification reaches
+    # the worker; here the insert trigger is off, which has the same effect. Polling still finds
+    # the job within POLL_INTERVAL.
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute("ALTER TABLE rws_jobs DISABLE TRIGGER rws_jobs_notify")
+    try:
+        w = workers("--workers", "1", jobs={"POLL_INTERVAL": 0.5})
+        time.sleep(2.0)  # started and idle
+        t0 = time.monotonic()
+        rws.enqueue("test.record", "polled")
+        wait_for(lambda: run_counts() == {"polled": 1}, timeout=10, what="the polled job")
+        assert time.monotonic() - t0 < 0.5 + 1.0
+        w.signal(signal.SIGTERM)
+        assert w.wait() == 0
+        # Without polling to fall back on, the same worker would not have seen it: the channel is silent.
+        quiet = workers("--workers", "1", jobs={"POLL_INTERVAL": 30})
+        time.sleep(2.0)
+        rws.enqueue("test.record", "unseen")
+        time.sleep(1.5)
+        assert run_counts() == {"polled": 1}
+        quiet.signal(signal.SIGTERM)
+        assert quiet.wait() == 0
+    finally:
+        with connection.cursor() as c:
+            c.execute("ALTER TABLE rws_jobs ENABLE TRIGGER rws_jobs_notify")
 
 
 def test_a_group_wide_signal_stops_processes_gracefully(workers):
