@@ -215,8 +215,48 @@ def assert_completion_by_primary_key() -> None:
         else:
             text = plan(complete_delete(n), [*ids, "token"])
             assert "sqlite_autoindex_rws_jobs_1" in text, text
-        for other in ("rws_jobs_claim_idx", "rws_jobs_due_idx", "rws_jobs_lease_idx"):
+        for other in ("rws_jobs_claim_idx", "rws_jobs_due_idx", "rws_jobs_queue_idx"):
             assert other not in text, text
+
+
+def test_lease_statements_read_only_running_rows_with_a_million_future_rows():
+    # Recovery, renewal and the seed writer's leases have no index of their own: each must read
+    # the 'running' range of a status-led index (as many rows as jobs run at once), never the
+    # pending ones.
+    from django_rws_jobs.store import Store
+
+    now = fill(FUTURE_ROWS, 0)
+    with connection.cursor() as c:
+        for i in range(20):
+            c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at, status, locked_by, locked_until) "
+                      "VALUES (%s, 't', %s, %s, 'running', %s, %s)",
+                      [f"r{i}", now - 60, now - 60, f"w#{i % 3}", now + (60 if i % 2 else -5)])
+    analyze()
+    statements = []
+
+    def capture(execute, sql, params, many, context):
+        statements.append((sql, list(params or ())))
+        return execute(sql, params, many, context)
+
+    store = Store(connection)
+    with connection.execute_wrapper(capture):
+        assert len(store.expired(now, 100)) == 10
+        assert store.renew(["w#1", "w#2"], now + 60) == 13
+        store.lease_leaseless(now, now + 60)
+        store.relet_seed_claims(now, now + 60)
+    assert len(statements) == 4
+    for sql, params in statements:
+        text = plan(sql, params)
+        if connection.vendor == "mysql":
+            import re
+
+            access = re.findall(r'"access_type": "(\w+)"', text)
+            keys = re.findall(r'"key": "(\w+)"', text)
+            assert access and set(access) <= {"ref", "range"}, text
+            assert keys and set(keys) <= {"rws_jobs_claim_idx", "rws_jobs_due_idx", "rws_jobs_queue_idx"}, text
+        else:
+            assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
+            assert "status" in text, text  # the index's condition
 
 
 @pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL prepared statements")
