@@ -600,7 +600,7 @@ class Store:
     @property
     def _running(self) -> str:
         """The index hint of the lease statements, which have no index of their own (migration
-        0006): they read the 'running' range of the due index, as many rows as jobs run at once.
+        0006): they read the 'running' range of a status-led index, the running jobs' rows.
         SQLite is told: its statistics (ANALYZE) give only the average rows per status, so with a
         million pending rows it read the whole table for recovery's ORDER BY locked_until instead
         (tests/test_explain.py). PostgreSQL and MariaDB know how few rows are running."""

@@ -424,10 +424,27 @@ def test_a_finished_job_is_deleted_at_once_by_an_idle_worker(workers):
     assert rws.enqueue("test.noop", "twice", unique="k") != first
 
 
+def listening() -> int:
+    """How many connections LISTEN on the workers' channel (each worker's listener holds one)."""
+    from django.db import connection
+
+    with connection.cursor() as c:
+        c.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE query = 'LISTEN rws_jobs' AND pid <> pg_backend_pid()")
+        return c.fetchone()[0]
+
+
+def start_idle_postgres_worker(workers, **kwargs) -> "WorkerProcess":
+    """A worker that has started and looked for jobs once, and is now idle."""
+    wait_for(lambda: listening() == 0, what="earlier workers' listeners to go")
+    w = workers("--workers", "1", **kwargs)
+    wait_for(lambda: listening() == 1, what="the worker's listener")
+    time.sleep(0.5)  # its first look, at start, is over
+    return w
+
+
 @pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="LISTEN/NOTIFY")
 def test_notify_wakes_an_idle_postgres_worker(workers):
-    w = workers("--workers", "1", jobs={"POLL_INTERVAL": 30})
-    time.sleep(2.0)  # started and idle, its next poll 30 s away
+    w = start_idle_postgres_worker(workers, jobs={"POLL_INTERVAL": 30})  # its next poll 30 s away
     t0 = time.monotonic()
     rws.enqueue("test.record", "notified")
     wait_for(lambda: run_counts() == {"notified": 1}, timeout=10, what="the notified job")
@@ -446,8 +463,7 @@ def test_an_idle_postgres_worker_polls_when_no_notification_arrives(workers):
     with connection.cursor() as c:
         c.execute("ALTER TABLE rws_jobs DISABLE TRIGGER rws_jobs_notify")
     try:
-        w = workers("--workers", "1", jobs={"POLL_INTERVAL": 0.5})
-        time.sleep(2.0)  # started and idle
+        w = start_idle_postgres_worker(workers, jobs={"POLL_INTERVAL": 0.5})
         t0 = time.monotonic()
         rws.enqueue("test.record", "polled")
         wait_for(lambda: run_counts() == {"polled": 1}, timeout=10, what="the polled job")
@@ -455,8 +471,7 @@ def test_an_idle_postgres_worker_polls_when_no_notification_arrives(workers):
         w.signal(signal.SIGTERM)
         assert w.wait() == 0
         # Without polling to fall back on, the same worker would not have seen it: the channel is silent.
-        quiet = workers("--workers", "1", jobs={"POLL_INTERVAL": 30})
-        time.sleep(2.0)
+        quiet = start_idle_postgres_worker(workers, jobs={"POLL_INTERVAL": 30})
         rws.enqueue("test.record", "unseen")
         time.sleep(1.5)
         assert run_counts() == {"polled": 1}
