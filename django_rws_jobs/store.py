@@ -194,6 +194,15 @@ def _due_index_hint(vendor: str) -> str:
     return {"sqlite": " INDEXED BY rws_jobs_due_idx", "mysql": " FORCE INDEX (rws_jobs_due_idx)"}.get(vendor, "")
 
 
+def _running_index_hint(vendor: str) -> str:
+    """The lease statements have no index of their own (migration 0006): they read the 'running'
+    range of a status-led index, the running jobs' rows. SQLite is told: its statistics (ANALYZE)
+    give only the average rows per status, so with a million pending rows it read the whole table
+    for recovery's ORDER BY locked_until instead (tests/test_explain.py). PostgreSQL and MariaDB
+    know how few rows are running, and pick their index themselves."""
+    return " INDEXED BY rws_jobs_due_idx" if vendor == "sqlite" else ""
+
+
 def any_due_select(queues: Sequence[str] | None, now: int, vendor: str = "") -> tuple[str, list[Any]]:
     """Read-only: is any job due? One probe of the due index, however many bands there are."""
     qsql, qparams = _queue_filter(queues)
@@ -597,21 +606,13 @@ class Store:
 
     # -- leases ----------------------------------------------------------------------------------
 
-    @property
-    def _running(self) -> str:
-        """The index hint of the lease statements, which have no index of their own (migration
-        0006): they read the 'running' range of a status-led index, the running jobs' rows.
-        SQLite is told: its statistics (ANALYZE) give only the average rows per status, so with a
-        million pending rows it read the whole table for recovery's ORDER BY locked_until instead
-        (tests/test_explain.py). PostgreSQL and MariaDB know how few rows are running."""
-        return " INDEXED BY rws_jobs_due_idx" if self.vendor == "sqlite" else ""
-
     def renew(self, tokens: Sequence[str], until: int) -> int:
         if not tokens:
             return 0
         with self._writes, self._cursor() as c:
-            self._execute(c, f"UPDATE rws_jobs{self._running} SET locked_until = %s WHERE status = 'running' "
-                             f"AND locked_by IN ({', '.join(['%s'] * len(tokens))})", [until, *tokens])
+            self._execute(c, f"UPDATE rws_jobs{_running_index_hint(self.vendor)} SET locked_until = %s "
+                             f"WHERE status = 'running' AND locked_by IN ({', '.join(['%s'] * len(tokens))})",
+                          [until, *tokens])
             return c.rowcount
 
     def _seed_marker_sql(self) -> str:
@@ -629,7 +630,8 @@ class Store:
         """
         with self._writes, self._cursor() as c:
             c.execute(
-                f"UPDATE rws_jobs{self._running} SET locked_until = %s, locked_by = {self._seed_marker_sql()} "
+                f"UPDATE rws_jobs{_running_index_hint(self.vendor)} "
+                f"SET locked_until = %s, locked_by = {self._seed_marker_sql()} "
                 "WHERE status = 'running' AND locked_until IS NULL",
                 [until],
             )
@@ -639,7 +641,8 @@ class Store:
         """Fresh leases for seed claims whose marker no longer matches the row (see above)."""
         with self._writes, self._cursor() as c:
             c.execute(
-                f"UPDATE rws_jobs{self._running} SET locked_until = %s, locked_by = {self._seed_marker_sql()} "
+                f"UPDATE rws_jobs{_running_index_hint(self.vendor)} "
+                f"SET locked_until = %s, locked_by = {self._seed_marker_sql()} "
                 f"WHERE status = 'running' AND locked_until < %s AND locked_by LIKE %s "
                 f"AND locked_by <> {self._seed_marker_sql()}",
                 [until, now, SEED_MARKER.replace("%", "") + "%"],
@@ -650,7 +653,7 @@ class Store:
         """Running jobs whose lease ran out, with the token that held them."""
         with self._cursor() as c:
             c.execute(
-                f"SELECT {CLAIM_COLUMNS}, locked_by FROM rws_jobs{self._running} "
+                f"SELECT {CLAIM_COLUMNS}, locked_by FROM rws_jobs{_running_index_hint(self.vendor)} "
                 f"WHERE status = 'running' AND locked_until < %s ORDER BY locked_until LIMIT %s",
                 [now, limit],
             )

@@ -221,8 +221,7 @@ def assert_completion_by_primary_key() -> None:
 
 def test_lease_statements_read_only_running_rows_with_a_million_future_rows():
     # Recovery, renewal and the seed writer's leases have no index of their own: each must read
-    # the 'running' range of a status-led index (as many rows as jobs run at once), never the
-    # pending ones.
+    # the 'running' range of a status-led index (the running jobs' rows), never the pending ones.
     from django_rws_jobs.store import Store
 
     now = fill(FUTURE_ROWS, 0)

@@ -428,8 +428,11 @@ def listening() -> int:
     """How many connections LISTEN on the workers' channel (each worker's listener holds one)."""
     from django.db import connection
 
+    from django_rws_jobs.listen import CHANNEL
+
     with connection.cursor() as c:
-        c.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE query = 'LISTEN rws_jobs' AND pid <> pg_backend_pid()")
+        c.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE query = %s AND pid <> pg_backend_pid()",
+                  [f"LISTEN {CHANNEL}"])
         return c.fetchone()[0]
 
 
