@@ -7,7 +7,7 @@ import threading
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Iterator
 
-from django.db import connections, transaction
+from django.db import InterfaceError, InternalError, OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .conf import jobs_settings
@@ -172,3 +172,36 @@ def atomic(conn: BaseDatabaseWrapper, *, write: bool = True, cursor: Any = None)
             c.execute("ROLLBACK")
             raise
         c.execute("COMMIT")
+
+
+#: MySQL/MariaDB error numbers that retrying cannot fix: access denied (1044, 1045, 1142, 1143,
+#: 1227), no database (1046, 1049), an unknown table or column (1054, 1146), a syntax error (1064,
+#: 1149). Most reach Python as OperationalError, like a lost connection.
+MYSQL_PERMANENT = frozenset({1044, 1045, 1046, 1049, 1054, 1064, 1142, 1143, 1146, 1149, 1227})
+#: SQLite result codes (the low byte) that retrying cannot fix: SQLITE_ERROR (a missing table or
+#: column, a syntax error), SQLITE_READONLY, SQLITE_CORRUPT, SQLITE_NOTADB, SQLITE_AUTH.
+SQLITE_PERMANENT = frozenset({1, 8, 11, 23, 26})
+#: The same, told by their messages where Python (before 3.11) gives no result code.
+SQLITE_PERMANENT_MESSAGES = ("no such table", "no such column", "syntax error", "has no column named",
+                             "attempt to write a readonly database", "file is not a database",
+                             "database disk image is malformed", "not authorized")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a database error that may pass by itself: a lost connection, a server that
+    restarts, a lock or deadlock timeout. False for one that retrying cannot fix: a missing table
+    or column, a syntax error, a permission, a value the database refuses (DataError,
+    IntegrityError). Pinned by tests/test_faults.py::test_error_kinds."""
+    if isinstance(exc, (InterfaceError, InternalError)):
+        return True  # a closed connection; PostgreSQL's aborted transaction (reconnecting ends it)
+    if not isinstance(exc, OperationalError):
+        return False
+    cause = exc.__cause__
+    code = getattr(cause, "args", (None,))[0] if cause is not None else None
+    if type(cause).__module__.startswith(("MySQLdb", "pymysql")) and isinstance(code, int):
+        return code not in MYSQL_PERMANENT
+    sqlite_code = getattr(cause, "sqlite_errorcode", None)
+    if isinstance(sqlite_code, int):
+        return sqlite_code & 0xFF not in SQLITE_PERMANENT
+    message = str(exc).lower()
+    return not any(m in message for m in SQLITE_PERMANENT_MESSAGES)

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
+from asgiref.sync import async_to_sync, iscoroutinefunction
+from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections, transaction
 
 from .conf import jobs_settings
-from .db import is_registered, thread_connected
+from .db import is_registered, is_transient, thread_connected
 from .registry import registry
 from .signals import job_dead
 from .store import Claimed, Store
@@ -40,9 +43,64 @@ def retry_at(attempts: int, now: float | None = None) -> int:
     return math.ceil(now + backoff_delay(attempts))
 
 
+#: The most characters of an error message (last_error) and of a traceback that are stored. A
+#: seed-created table's last_error is a MySQL TEXT of 65,535 bytes: 16,000 characters of up to 4
+#: bytes each fit it.
+ERROR_MAX = 16_000
+TRACEBACK_MAX = 64_000
+
+
+def storable(text: str, limit: int, *, keep_end: bool = False) -> str:
+    """``text`` as every database can store it: a NUL (which PostgreSQL's text cannot hold) and a
+    lone surrogate (which no driver can encode) written as their escapes, at most ``limit``
+    characters, the middle cut out when ``keep_end`` (a traceback's last lines name the error).
+    Pinned by tests/test_faults.py::test_an_error_text_no_database_can_store_is_recorded."""
+    text = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= limit:
+        return text
+    width = len(str(len(text)))  # the marker counts in its own length: the result fits the limit
+    keep = limit - len(f"\n[... {'0' * width} characters cut ...]\n")
+    marker = f"\n[... {len(text) - keep} characters cut ...]\n"
+    if keep_end:
+        head = keep // 4
+        return text[:head] + marker + text[len(text) - (keep - head):]
+    return text[:keep] + marker
+
+
 def describe(exc: BaseException) -> str:
     """What last_error records for a failure: the exception type and message."""
-    return f"{type(exc).__name__}: {exc}"
+    try:
+        message = str(exc)
+    except Exception as str_failed:  # an exception whose __str__ raises still fails the job
+        message = f"(its message could not be read: {type(str_failed).__name__})"
+    return storable(f"{type(exc).__name__}: {message}", ERROR_MAX)
+
+
+def call_handler(func: Callable[[str], Any], payload: str) -> None:
+    """Run a handler to completion in the calling thread.
+
+    An ``async def`` handler runs on an event loop of its own (``async_to_sync``, as Django runs
+    async views from sync code). Whatever else a handler returns that would have to be awaited or
+    iterated to run its body (a coroutine, a generator) fails the job: returning it is not
+    running it. Pinned by tests/test_faults.py::test_async_handlers_run_and_generators_fail.
+    """
+    if iscoroutinefunction(func) and not inspect.isasyncgenfunction(func):
+        async_to_sync(func)(payload)
+        return
+    result = func(payload)
+    if inspect.isawaitable(result) or inspect.isgenerator(result) or inspect.isasyncgen(result):
+        close = getattr(result, "close", None)
+        if close is not None and not inspect.isasyncgen(result):
+            close()  # no "never awaited" warning: it is reported as this failure instead
+        raise TypeError(
+            f"the handler {_name(func)} returned {type(result).__name__} {_name(result)} instead of running: "
+            "a handler must be a plain function or an async def function, not a generator or one "
+            "that returns an awaitable"
+        )
+
+
+def _name(obj: Any) -> str:
+    return getattr(obj, "__qualname__", None) or type(obj).__name__
 
 
 def execute(job: Claimed) -> tuple[str | None, str | None]:
@@ -51,9 +109,9 @@ def execute(job: Claimed) -> tuple[str | None, str | None]:
     if spec is None:
         return f"no handler registered for job_type '{job.job_type}'", None
     try:
-        spec.func(job.payload)
+        call_handler(spec.func, job.payload)
     except Exception as exc:
-        tb = traceback.format_exc()
+        tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
         logger.error(
             "job %s (%s) failed on attempt %d/%d: %s: %s",
             job.id, job.job_type, job.attempts + 1, job.max_retries + 1, type(exc).__name__, exc,
@@ -78,6 +136,9 @@ def record(store: Store, job: Claimed, error: str | None, tb: str | None,
            expired_before: int | None = None) -> str:
     """Write the outcome, fenced on the claim; return what happened ('done', 'retry', 'dead', 'lost')."""
     now = time.time()
+    if error is not None:
+        error = storable(error, ERROR_MAX)
+        tb = None if tb is None else storable(tb, TRACEBACK_MAX, keep_end=True)
     if error is None:
         applied, outcome = store.complete(job), "done"
     else:
@@ -110,16 +171,41 @@ def record(store: Store, job: Claimed, error: str | None, tb: str | None,
 
 
 def send_dead(job: Any) -> None:
-    """Send job_dead; a receiver that raises is logged and does not stop the caller."""
-    for receiver, result in job_dead.send_robust(sender=type(job), job=job):
-        if isinstance(result, Exception):
-            logger.error("job_dead receiver %r raised for job %s", receiver, job.id,
-                         exc_info=(type(result), result, result.__traceback__))
+    """Send job_dead to each receiver in turn. Whatever a receiver raises, even SystemExit, is
+    logged and stops neither the other receivers nor the caller (the worker's completer, tick()).
+    Pinned by tests/test_faults.py::test_a_job_dead_receiver_cannot_stop_the_worker."""
+    sync_receivers, async_receivers = job_dead._live_receivers(type(job))
+    calls = [*sync_receivers, *(async_to_sync(r) for r in async_receivers)]
+    for receiver in calls:
+        try:
+            receiver(signal=job_dead, sender=type(job), job=job)
+        except BaseException:
+            logger.exception("job_dead receiver %r raised for job %s", receiver, job.id)
+
+
+def record_or_fallback(call: Callable[[Callable[[Store], str]], str], job: Claimed, error: str | None,
+                       tb: str | None) -> str:
+    """Record an outcome through ``call`` (which runs a Store operation, retrying what may pass).
+
+    A failure the database refuses to store for good (a value it rejects) is recorded again with
+    its message as plain ASCII and no traceback, so that the job still reaches its retry or the
+    dead-letter list instead of running on until its lease expires. Pinned by
+    tests/test_faults.py::test_an_outcome_the_database_refuses_is_recorded_plainly.
+    """
+    try:
+        return call(lambda s: record(s, job, error, tb))
+    except DatabaseError as exc:
+        if error is None or is_transient(exc):
+            raise
+        logger.error("job %s (%s): the database refused its outcome (%s); recording it as plain text",
+                     job.id, job.job_type, exc)
+        plain = error.encode("ascii", "backslashreplace").decode("ascii")
+        return call(lambda s: record(s, job, plain, None))
 
 
 def run_claimed(store: Store, job: Claimed) -> str:
     error, tb = execute(job)
-    return record(store, job, error, tb)
+    return record_or_fallback(lambda fn: fn(store), job, error, tb)
 
 
 def recover(store: Store, now: int | None = None, limit: int = 100) -> int:

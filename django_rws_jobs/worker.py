@@ -27,8 +27,8 @@ from django.db import close_old_connections, connections
 from django.db import Error as DjangoDbError
 
 from .conf import jobs_settings
-from .db import private_connection, queue_alias
-from .runner import describe, execute, record, recover
+from .db import is_transient, private_connection, queue_alias
+from .runner import describe, execute, record_or_fallback, recover
 from .store import Claimed, Store
 
 logger = logging.getLogger("django_rws_jobs")
@@ -70,7 +70,8 @@ class DatabaseRetry:
 
     Without ``until`` it retries until it succeeds or the worker stops (then it raises); with
     ``until`` (a time.monotonic() deadline) it retries until then, stopping or not, because an
-    outcome must be written if at all possible.
+    outcome must be written if at all possible. An error that retrying cannot fix (see
+    db.is_transient) is raised at once.
     """
 
     def __init__(self, conn_holder: "ConnectionHolder", stop: threading.Event):
@@ -85,6 +86,8 @@ class DatabaseRetry:
                 return fn(self.holder.store())
             except DjangoDbError as exc:
                 self.holder.reset()
+                if not is_transient(exc):
+                    raise
                 give_up = (until is not None and time.monotonic() + delay >= until) or (
                     until is None and self.stop.is_set())
                 if give_up:
@@ -97,6 +100,17 @@ class DatabaseRetry:
                 else:
                     self._pause.wait(delay)
                 delay = min(delay * 2, 5.0)
+
+
+def fix_hint(exc: BaseException) -> str:
+    """What to do about a permanent error, where its message says."""
+    text = str(exc).lower()
+    if any(m in text for m in ("no such table", "does not exist", "doesn't exist", "no such column",
+                               "unknown column", "has no column")):
+        return " (have the migrations run? python manage.py migrate django_rws_jobs)"
+    if any(m in text for m in ("denied", "permission", "not authorized", "readonly", "read-only")):
+        return " (the database user needs to read and write rws_jobs and rws_job_schedules)"
+    return ""
 
 
 class ConnectionHolder:
@@ -198,6 +212,15 @@ class Worker:
         self.stop_event.set()
         self.wake.set()
 
+    def fail(self, exc: BaseException, what: str) -> None:
+        """Stop with exit code 1 after an error that retrying cannot fix (a missing table, a
+        permission): waiting would only hide it. Pinned by
+        tests/test_faults.py::test_a_worker_without_its_tables_fails_fast."""
+        logger.critical("stopping: the database refused %s with an error that retrying cannot fix: %s%s",
+                        what, exc, fix_hint(exc))
+        self.exit_code = 1
+        self.stop()
+
     # -- roles ------------------------------------------------------------------------------------
 
     def _dispatch_loop(self) -> None:
@@ -233,9 +256,11 @@ class Worker:
                 try:
                     done, claimed = db(lambda s: s.finish_and_claim(finished, token, now, now + lease, self.queues,
                                                                     n, probe_first=idle), what="claiming")
-                except DjangoDbError:
+                except DjangoDbError as exc:
                     self._to_completer(finished)
-                    break  # only when stopping
+                    if not is_transient(exc):
+                        self.fail(exc, "claiming")
+                    break  # a permanent error, or stopping
                 if finished:
                     self._settle(finished, done)
                 idle = not claimed
@@ -362,15 +387,29 @@ class Worker:
                 outcomes += self._outcomes(succeeded, done)
             for job, error, tb in items:
                 if error is not None:
-                    outcomes.append(db(lambda s: record(s, job, error, tb), until=deadline,
-                                       what=f"recording job {job.id}"))
+                    outcomes.append(self._record_failure(db, deadline, job, error, tb))
         except DjangoDbError as exc:
             logger.error("could not record %d job outcome(s): %s; their leases will expire and "
                          "another worker will run them again", len(items), exc)
+        except Exception:  # a bug must not kill the completer with every later outcome waiting
+            logger.exception("could not record %d job outcome(s); their leases will expire and "
+                             "another worker will run them again", len(items))
         finally:
             self._let_go([job for job, _, _ in items])
         for outcome in outcomes:
             self.stats.add(outcome)
+
+    @staticmethod
+    def _record_failure(db: DatabaseRetry, deadline: float, job: Claimed, error: str, tb: str | None) -> str:
+        """Record one failure; one that cannot be recorded is logged and dropped (its lease
+        expires and recovery runs the job again), and the other outcomes go on."""
+        call = lambda fn: db(fn, until=deadline, what=f"recording job {job.id}")  # noqa: E731
+        try:
+            return record_or_fallback(call, job, error, tb)
+        except Exception:
+            logger.exception("could not record the failure of job %s (%s); its lease will expire and "
+                             "another worker will run it again", job.id, job.job_type)
+            return "lost"
 
     @staticmethod
     def _outcomes(succeeded: list[Claimed], done: set[str]) -> list[str]:
@@ -416,7 +455,9 @@ class Worker:
                     if time.monotonic() >= next_recovery and not self.stop_event.is_set():
                         db(lambda s: recover(s), until=time.monotonic(), what="recovering expired leases")
                         next_recovery = time.monotonic() + jobs_settings.recovery_interval
-                except DjangoDbError:
+                except DjangoDbError as exc:
+                    if not is_transient(exc):
+                        self.fail(exc, "renewing leases")
                     continue  # logged by DatabaseRetry; the next round tries again
                 except Exception:
                     logger.exception("lease keeper error")
@@ -482,7 +523,10 @@ class Worker:
             taken = DatabaseRetry(holder, self.stop_event)(lambda s: recover(s), what="recovering at start")
             if taken:
                 logger.warning("took back %d job(s) whose worker was lost", taken)
-        except DjangoDbError:
+        except DjangoDbError as exc:
+            if not is_transient(exc):
+                self.fail(exc, "the worker's first statement")
+                return self.exit_code
             if self.stop_event.is_set():  # stopped while the database was unreachable
                 logger.info("worker stopped before it started: the database was unreachable")
                 return self.exit_code

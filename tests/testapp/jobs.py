@@ -4,6 +4,7 @@ import os
 import time
 
 from django_rws_jobs import job
+from django_rws_jobs.signals import job_dead
 
 
 def _trace(kind: str, payload: str) -> None:
@@ -89,3 +90,50 @@ def which_connection(payload: str) -> None:
     connection_created.connect(_count_connection, dispatch_uid="tests.count_connection")
     connection.ensure_connection()
     _trace("connection", f"{payload}:{_opened}")
+
+
+@job("test.async_record")
+async def async_record(payload: str) -> None:
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    await asyncio.sleep(0)
+    await sync_to_async(_trace)("async", payload)
+
+
+@job("test.generator")
+def generator(payload: str):
+    _trace("generator", payload)
+    yield
+
+
+@job("test.returns_coroutine")
+def returns_coroutine(payload: str):
+    return async_record(payload)
+
+
+#: Error messages no database stores as they are: a file name that is not UTF-8 (a lone
+#: surrogate, as os.fsdecode gives it), a NUL (PostgreSQL's text cannot hold one), a megabyte.
+UNSTORABLE = {"surrogate": os.fsdecode(b"\xff.txt"), "nul": "a\x00b", "huge": "x" * 1_000_000}
+
+
+@job("test.unstorable_error")
+def unstorable_error(payload: str) -> None:
+    raise FileNotFoundError(f"cannot open {UNSTORABLE[payload]}")
+
+
+def _on_dead_exit(sender, job, **kwargs) -> None:
+    if job.payload == "exit-in-receiver":
+        _trace("receiver1", job.id)
+        raise SystemExit(4)
+
+
+def _on_dead_record(sender, job, **kwargs) -> None:
+    if job.payload == "exit-in-receiver":
+        _trace("receiver2", job.id)
+
+
+# In this order: the first receiver raises SystemExit, the second must still be called.
+job_dead.connect(_on_dead_exit, dispatch_uid="tests.on_dead_exit")
+job_dead.connect(_on_dead_record, dispatch_uid="tests.on_dead_record")
