@@ -2,14 +2,17 @@
 CommandError) naming the value and the limit, nothing written, the same answer on every database."""
 
 import datetime as dt
+import io
 import math
+import re
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 import django_rws_jobs as rws
-from django_rws_jobs.models import Job
+from django_rws_jobs import humanize
+from django_rws_jobs.models import Job, JobSchedule
 from django_rws_jobs.registry import Registry, job, registry
 from django_rws_jobs.worker import Worker
 from tests.conftest import start_worker, subprocess_env
@@ -269,3 +272,26 @@ def test_retry_and_delete_give_the_same_answer_on_every_database():
         rws.retry("dead", now=-1)
     assert rws.retry("dead") is True and rws.delete("dead") is True
     assert not Job.objects.filter(pk=failed.pk).exists()
+
+
+# -- item 18: rws_schedules shows any stored due time ---------------------------------------------
+
+
+def test_rws_schedules_shows_any_stored_due_time():
+    values = {"far": 2**62, "last": 2**63 - 1, "first": -(2**63), "before-1970": -1}
+    for name, t in values.items():
+        JobSchedule.objects.create(name=name, next_run_at=t, cron="0 * * * * *")
+    declared = {"far": {"cron": "0 * * * * *", "job_type": "test.record"}}
+    out = io.StringIO()
+    with override_settings(RWS_JOBS={"SCHEDULES": declared}):
+        call_command("rws_schedules", stdout=out)
+    text = out.getvalue()
+    assert re.search(r"^  far +0 \* \* \* \* \* +test.record +4611686018427387904 \(unix seconds\) "
+                     r"\(in \d+ y\)$", text, re.MULTILINE), text
+    assert humanize.absolute(2**62) == "4611686018427387904 (unix seconds)"
+    assert re.search(r"^  last +0 \* \* \* \* \* +9223372036854775807 \(unix seconds\) \(in \d+ y\)$",
+                     text, re.MULTILINE), text
+    assert re.search(r"^  first +0 \* \* \* \* \* +-9223372036854775808 \(unix seconds\) \(\d+ y ago\)$",
+                     text, re.MULTILINE), text
+    assert re.search(r"^  before-1970 +0 \* \* \* \* \* +1969-12-31 23:59:59 UTC \(\d+ y ago\)$",
+                     text, re.MULTILINE), text
