@@ -25,7 +25,7 @@ from .registry import registry
 from .validation import INT32_MAX, INT64_MAX, INT64_MIN, UNIQUE_MAX, queue_list, queue_name, show
 from .validation import integer as _int
 from .validation import job_id as _job_id
-from .validation import one_of as _one_of
+from .validation import only_known as _only_known
 from .validation import text as _text
 
 #: What a dict item of enqueue_many may hold: enqueue's options, nothing internal.
@@ -231,7 +231,7 @@ def _item_params(item: Any) -> list[Any]:
     if isinstance(item, str):
         return prepare(item)
     if isinstance(item, dict):
-        _one_of("key", item, ITEM_KEYS)
+        _only_known("key", item, ITEM_KEYS)
         if "job_type" not in item:
             raise TypeError("a dict needs a 'job_type'")
         return prepare(**item)

@@ -39,9 +39,11 @@ def _optional(rule: tuple[Callable[[Any], bool], str]) -> tuple[Callable[[Any], 
 
 
 # key -> (check id, test, what it must be). The bounds keep every delay a finite number that
-# time.monotonic() + delay, thread joins and the BIGINT columns hold. The worker and tick() check
-# them too (require_valid_settings) and rws_worker's --poll-interval goes through the same rule
-# (tests/test_input.py::test_settings_bounds).
+# time.monotonic() + delay, thread joins and the BIGINT columns hold
+# (tests/test_checks.py::test_each_bad_setting_has_its_own_id). Worker() and tick() refuse to run
+# with a value that fails (require_valid_settings), and rws_worker's --poll-interval and
+# Worker(poll_interval=) go through the same rule
+# (tests/test_input.py::test_worker_refuses_bad_arguments_and_settings).
 RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "DATABASE": ("rws_jobs.E002", lambda v: isinstance(v, str) and v in connections.settings,
                  "an alias in DATABASES"),

@@ -6,7 +6,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .validation import INT32_MAX, INT64_MAX, INT64_MIN, integer, one_of, queue_name, show, text
+from .validation import INT32_MAX, INT64_MAX, INT64_MIN, integer, only_known, queue_name, show, text
 
 Handler = Callable[[str], Any]
 
@@ -80,7 +80,7 @@ def _check_options(job_type: str, options: dict[str, Any]) -> None:
     schedule's entries are the system checks' to report).
     (tests/test_input.py::test_job_options_are_checked_at_registration)"""
     try:
-        one_of("option", options, OPTIONS)
+        only_known("option", options, OPTIONS)
         if "queue" in options:
             queue_name(options["queue"])
         if "priority" in options:

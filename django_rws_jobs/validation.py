@@ -95,7 +95,7 @@ def job_id(value: Any) -> str:
     return text("job id", value, empty=True)
 
 
-def one_of(name: str, value: Any, known: Iterable[str]) -> None:
+def only_known(name: str, value: Any, known: Iterable[str]) -> None:
     """Raise TypeError for each key of ``value`` (a dict) that is not in ``known``."""
     unknown = [key for key in value if key not in known]
     if unknown:

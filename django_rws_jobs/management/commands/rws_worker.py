@@ -31,7 +31,7 @@ def _positive_int(value: str) -> int:
 def _queues(value: str | None) -> list[str] | None:
     """The names in ``--queues a,b``; given and naming none (``''``, ``,,``, an unset
     ``$QUEUES``) it is an error, not every queue.
-    (tests/test_input.py::test_rws_worker_refuses_a_blank_queue_list_and_a_bad_poll_interval)"""
+    (tests/test_input.py::test_rws_worker_refuses_a_blank_queue_list)"""
     if value is None:
         return None
     names = [q.strip() for q in value.split(",") if q.strip()]
@@ -49,7 +49,8 @@ class Command(BaseCommand):
                             help="worker threads per process (default 1)")
         parser.add_argument("--processes", "-p", type=_positive_int, default=1,
                             help="worker processes, each with --workers threads, to use several cores (default 1)")
-        parser.add_argument("--queues", "-q", default=None, help="comma-separated queues to run (default: all)")
+        parser.add_argument("--queues", "-q", default=None,
+                            help="comma-separated queues to run (default: all; given, it must name one)")
         parser.add_argument("--burst", action="store_true", help="exit 0 once nothing is due")
         parser.add_argument("--max-jobs", type=_positive_int, default=None, help="stop after this many jobs (per process)")
         parser.add_argument("--poll-interval", type=float, default=None,
