@@ -13,6 +13,8 @@ from typing import Any, Iterable, Iterator
 
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
+from django.db.models import BooleanField, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from . import ids
@@ -20,12 +22,14 @@ from .conf import jobs_settings
 from .db import queue_alias
 from .models import Job, Status
 from .registry import registry
+from .validation import INT32_MAX, INT64_MAX, INT64_MIN, UNIQUE_MAX, queue_list, queue_name, show
+from .validation import integer as _int
+from .validation import job_id as _job_id
+from .validation import only_known as _only_known
+from .validation import text as _text
 
-QUEUE_MAX = 64
-UNIQUE_MAX = 191
-ID_MAX = 64
-INT32_MAX = 2**31 - 1
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: What a dict item of enqueue_many may hold: enqueue's options, nothing internal.
+ITEM_KEYS = ("job_type", "payload", "queue", "priority", "run_at", "run_in", "unique", "max_retries")
 
 INSERT_HEAD = (
     "INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
@@ -39,63 +43,50 @@ COPY_SQL = (
 )
 
 
-def _short(value: str, n: int = 40) -> str:
-    return repr(value if len(value) <= n else value[:n] + "...")
-
-
-def _text(name: str, value: Any, *, limit: int | None = None, empty: bool = False) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r:.60}")
-    if not empty and not value:
-        raise ValueError(f"{name} must not be empty")
-    if limit is not None and len(value) > limit:
-        raise ValueError(f"{name} {_short(value)} is {len(value)} characters; the limit is {limit}")
-    if "\x00" in value:
-        raise ValueError(f"{name} {_short(value)} contains a NUL character, which PostgreSQL cannot store")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"{name} {_short(value)} is not valid Unicode text: {exc.reason}") from None
-    return value
-
-
-def _int(name: str, value: Any, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r:.60}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name} {value} is out of range; it must be between {lo} and {hi}")
-    return value
-
-
 def _due_at(run_at: Any, run_in: Any, now: float) -> int:
     """Unix second at which the job becomes due, rounded up so it never runs early."""
     if run_at is not None and run_in is not None:
         raise ValueError("give run_at or run_in, not both")
     if run_at is not None:
-        if not isinstance(run_at, dt.datetime):
-            raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__} {run_at!r:.60}")
-        if timezone.is_naive(run_at):
-            if settings.USE_TZ:
-                raise ValueError(
-                    f"run_at {run_at.isoformat()} is a naive datetime while USE_TZ is on; "
-                    "pass an aware one (django.utils.timezone.now() + ...)"
-                )
-            run_at = timezone.make_aware(run_at, timezone.get_default_timezone())
-        return max(math.ceil(run_at.timestamp()), 0)
+        return _run_at_second(run_at)
     if run_in is not None:
-        if isinstance(run_in, dt.timedelta):
-            seconds = run_in.total_seconds()
-        elif isinstance(run_in, (int, float)) and not isinstance(run_in, bool):
-            seconds = float(run_in)
-        else:
-            raise TypeError(f"run_in must be a timedelta or seconds, got {type(run_in).__name__} {run_in!r:.60}")
-        if not math.isfinite(seconds) or seconds < 0:
-            raise ValueError(f"run_in {run_in!r} must be a finite, non-negative delay")
-        due = math.ceil(now + seconds)
+        due = math.ceil(now + _delay(run_in))
         if due > INT64_MAX:
-            raise ValueError(f"run_in {run_in!r} is too far ahead; the limit is {INT64_MAX - int(now)} seconds")
+            raise ValueError(f"run_in {show(run_in)} is too far ahead; the limit is "
+                             f"{INT64_MAX - int(now)} seconds")
         return due
     return int(now)
+
+
+def _run_at_second(run_at: Any) -> int:
+    if not isinstance(run_at, dt.datetime):
+        raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__} {show(run_at)}")
+    if timezone.is_naive(run_at):
+        if settings.USE_TZ:
+            raise ValueError(
+                f"run_at {run_at.isoformat()} is a naive datetime while USE_TZ is on; "
+                "pass an aware one (django.utils.timezone.now() + ...)"
+            )
+        run_at = timezone.make_aware(run_at, timezone.get_default_timezone())
+    return max(math.ceil(run_at.timestamp()), 0)
+
+
+def _delay(run_in: Any) -> float:
+    """``run_in`` in seconds: finite and not negative. An int too big for a float is clamped
+    first, so that it gets the errors of its sign ("too far ahead", "non-negative"), not an
+    OverflowError.
+    (tests/test_input.py::test_huge_delays_are_a_value_error_naming_the_limit)"""
+    if isinstance(run_in, dt.timedelta):
+        seconds = run_in.total_seconds()
+    elif isinstance(run_in, int) and not isinstance(run_in, bool):
+        seconds = float(max(min(run_in, 2**64), -1))
+    elif isinstance(run_in, float):
+        seconds = run_in
+    else:
+        raise TypeError(f"run_in must be a timedelta or seconds, got {type(run_in).__name__} {show(run_in)}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"run_in {show(run_in)} must be a finite, non-negative delay")
+    return seconds
 
 
 def unique_hash(job_type: str, unique: str) -> str:
@@ -111,7 +102,7 @@ def prepare(
     payload = _text("payload", payload, empty=True)
     spec = registry.get(job_type)
     defaults = spec.options if spec is not None else {}
-    queue = _text("queue name", defaults.get("queue", "default") if queue is None else queue, limit=QUEUE_MAX)
+    queue = queue_name(defaults.get("queue", "default") if queue is None else queue)
     priority = _int("priority", defaults.get("priority", 0) if priority is None else priority, INT64_MIN, INT64_MAX)
     if max_retries is None:
         max_retries = defaults.get("max_retries", jobs_settings.MAX_RETRIES)
@@ -195,6 +186,9 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
     is stored. Unique items keep ``enqueue``'s semantics (the id of the live job holding the key is
     returned).
     """
+    if isinstance(jobs, (str, bytes, bytearray, dict)) or not hasattr(jobs, "__iter__"):
+        # A str would be taken for its characters, a dict for its keys.
+        raise TypeError(f"jobs must be a list of jobs, got {type(jobs).__name__} {show(jobs)}")
     _int("batch_size", batch_size, 1, 10_000)
     alias = queue_alias(using)
     conn = connections[alias]
@@ -204,15 +198,7 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
         """Validate the items one by one; yield the rows without a unique key."""
         for index, item in enumerate(jobs):
             try:
-                if isinstance(item, str):
-                    row = prepare(item)
-                elif isinstance(item, dict):
-                    row = prepare(**item)
-                elif isinstance(item, (tuple, list)):
-                    row = prepare(*item)
-                else:
-                    raise TypeError(
-                        f"a job must be a job_type, a (job_type, payload) pair or a dict, got {item!r:.60}")
+                row = _item_params(item)
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"job #{index}: {exc}") from None
             rows.append(row)
@@ -237,6 +223,21 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
         ids = [r[0] if r[-1] is None else _insert_unique(alias, r) for r in rows]
         _wake_local_workers(alias)
     return ids
+
+
+def _item_params(item: Any) -> list[Any]:
+    """One enqueue_many item's INSERT parameters: only enqueue's options, by name or as a
+    (job_type, payload) pair. (tests/test_input.py::test_enqueue_many_items_take_only_enqueues_options)"""
+    if isinstance(item, str):
+        return prepare(item)
+    if isinstance(item, dict):
+        _only_known("key", item, ITEM_KEYS)
+        if "job_type" not in item:
+            raise TypeError("a dict needs a 'job_type'")
+        return prepare(**item)
+    if isinstance(item, (tuple, list)) and 1 <= len(item) <= 2:
+        return prepare(*item)
+    raise TypeError(f"a job must be a job_type, a (job_type, payload) pair or a dict, got {show(item)}")
 
 
 def _batches(rows: Iterator[list[Any]], size: int) -> Iterator[list[list[Any]]]:
@@ -362,16 +363,17 @@ def failed_jobs(limit: int = 100, *, using: str | None = None) -> list[Job]:
 def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
     """Put a failed job back, due now with attempts reset. False if there is no failed job
     ``job_id``, or if a pending or running job already holds its unique key."""
+    job_id = _job_id(job_id)
     alias = queue_alias(using)
-    now = int(time.time()) if now is None else now
+    now = int(time.time()) if now is None else _int("now", now, 0, INT64_MAX)
     with transaction.atomic(using=alias):
-        job = Job.objects.using(alias).select_for_update().filter(id=job_id, status=Status.FAILED).first()
+        job = _by_id(alias, job_id).select_for_update().filter(status=Status.FAILED).first()
         if job is None:
             return False
         digest = unique_hash(job.job_type, job.unique_key) if job.unique_key is not None else None
         try:
             with transaction.atomic(using=alias):
-                changed = Job.objects.using(alias).filter(id=job_id, status=Status.FAILED).update(
+                changed = _by_id(alias, job_id).filter(status=Status.FAILED).update(
                     status=Status.PENDING, attempts=0, next_run_at=now, unique_hash=digest,
                     locked_by=None, locked_until=None, failed_at=None,
                 )
@@ -382,17 +384,31 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
 
 def delete(job_id: str, *, using: str | None = None) -> bool:
     """Delete a job that is not running. False when there is no such job."""
+    job_id = _job_id(job_id)
     alias = queue_alias(using)
-    return Job.objects.using(alias).filter(id=job_id).exclude(status=Status.RUNNING).delete()[0] > 0
+    return _by_id(alias, job_id).exclude(status=Status.RUNNING).delete()[0] > 0
+
+
+def _by_id(alias: str, job_id: str) -> QuerySet[Job]:
+    """The job whose id is exactly ``job_id``. MySQL's PAD SPACE collations, utf8mb4_bin among
+    them, also match 'a ' to 'a' (and a _ci one 'A'): there the bytes must match too.
+    (tests/test_input.py::test_retry_and_delete_give_the_same_answer_on_every_database)"""
+    rows = Job.objects.using(alias).filter(id=job_id)
+    if connections[alias].vendor == "mysql":
+        rows = rows.filter(RawSQL("BINARY id = %s", [job_id], output_field=BooleanField()))
+    return rows
 
 
 def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     """Claim one due job and run it in the calling thread. False when none is due."""
+    from .checks import require_valid_settings
     from .runner import run_claimed
     from .store import Store
     from .worker import claim_token
 
+    queues = queue_list(queues)
     alias = queue_alias(using)
+    require_valid_settings()
     store = Store(connections[alias])
     lease = int(jobs_settings.LEASE_SECONDS)
     now = int(time.time())

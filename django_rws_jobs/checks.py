@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from numbers import Real
+import math
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -10,35 +11,70 @@ from django.core.checks import Error, Warning, register
 from django.db import connections
 
 from .conf import DEFAULTS, jobs_settings
+from .validation import INT32_MAX, show
 
 TAG = "rws_jobs"
+DAY, WEEK, YEAR = 86400, 7 * 86400, 365 * 86400
+SECONDS = "a number of seconds"
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool)
+def _bounded(what: str, lo: int, hi: int, *, above: bool = False,
+             integer: bool = False) -> tuple[Callable[[Any], bool], str]:
+    """A test that a value is a finite int (or float) in [lo, hi] ((lo, hi] if ``above``), and
+    its words: Python's int and float, not bool, never nan or inf."""
+
+    def test(value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+            return False
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return (lo < value if above else lo <= value) and value <= hi
+
+    return test, f"{what} in {'(' if above else '['}{lo}, {hi}]"
 
 
-def _integer(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _optional(rule: tuple[Callable[[Any], bool], str]) -> tuple[Callable[[Any], bool], str]:
+    test, must = rule
+    return (lambda v: v is None or test(v)), f"None or {must}"
 
 
-# key -> (check id, test, what it must be)
-RULES: dict[str, tuple[str, Any, str]] = {
+# key -> (check id, test, what it must be). The bounds keep every delay a finite number that
+# time.monotonic() + delay, thread joins and the BIGINT columns hold
+# (tests/test_checks.py::test_each_bad_setting_has_its_own_id). Worker() and tick() refuse to run
+# with a value that fails (require_valid_settings), and rws_worker's --poll-interval and
+# Worker(poll_interval=) go through the same rule
+# (tests/test_input.py::test_worker_refuses_bad_arguments_and_settings).
+RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "DATABASE": ("rws_jobs.E002", lambda v: isinstance(v, str) and v in connections.settings,
                  "an alias in DATABASES"),
-    "MAX_RETRIES": ("rws_jobs.E003", lambda v: _integer(v) and 0 <= v <= 2**31 - 1,
-                    "an integer between 0 and 2147483647"),
-    "BACKOFF_INITIAL": ("rws_jobs.E004", lambda v: _number(v) and v >= 0, "a number of seconds >= 0"),
-    "BACKOFF_MULTIPLIER": ("rws_jobs.E005", lambda v: _number(v) and v >= 1, "a number >= 1"),
-    "BACKOFF_MAX": ("rws_jobs.E006", lambda v: _number(v) and v > 0, "a number of seconds > 0"),
-    "POLL_INTERVAL": ("rws_jobs.E007", lambda v: _number(v) and 0 < v <= 3600, "a number of seconds in (0, 3600]"),
-    "LEASE_SECONDS": ("rws_jobs.E008", lambda v: _integer(v) and v >= 2, "an integer number of seconds >= 2"),
-    "SHUTDOWN_TIMEOUT": ("rws_jobs.E009", lambda v: _number(v) and v >= 0, "a number of seconds >= 0"),
+    "MAX_RETRIES": ("rws_jobs.E003", *_bounded("an integer", 0, INT32_MAX, integer=True)),
+    "BACKOFF_INITIAL": ("rws_jobs.E004", *_bounded(SECONDS, 0, YEAR)),
+    "BACKOFF_MULTIPLIER": ("rws_jobs.E005", *_bounded("a number", 1, 1000)),
+    "BACKOFF_MAX": ("rws_jobs.E006", *_bounded(SECONDS, 0, YEAR, above=True)),
+    "POLL_INTERVAL": ("rws_jobs.E007", *_bounded(SECONDS, 0, 3600, above=True)),
+    "LEASE_SECONDS": ("rws_jobs.E008", *_bounded("an integer number of seconds", 2, WEEK, integer=True)),
+    "SHUTDOWN_TIMEOUT": ("rws_jobs.E009", *_bounded(SECONDS, 0, DAY)),
     "SCHEDULES": ("rws_jobs.E010", lambda v: isinstance(v, dict), "a dict of name -> schedule"),
-    "RECOVERY_INTERVAL": ("rws_jobs.E011", lambda v: v is None or (_number(v) and v > 0),
-                          "None or a number of seconds > 0"),
+    "RECOVERY_INTERVAL": ("rws_jobs.E011", *_optional(_bounded(SECONDS, 0, DAY, above=True))),
     "WORKER_SYNCHRONOUS_COMMIT": ("rws_jobs.E012", lambda v: isinstance(v, bool), "True or False"),
 }
+
+
+def check_value(key: str, value: Any, name: str) -> Any:
+    """``value`` if it passes RULES[key]; else TypeError (not a number) or ValueError naming
+    ``name``, the value and the bounds."""
+    _, test, must = RULES[key]
+    if test(value):
+        return value
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    raise (ValueError if number else TypeError)(f"{name} is {show(value)}; it must be {must}")
+
+
+def require_valid_settings() -> None:
+    """Raise ValueError naming every RWS_JOBS value that fails its system check."""
+    errors = [m for m in check_settings() if m.is_serious()]
+    if errors:
+        raise ValueError("; ".join(f"{m.msg} ({m.id})" for m in errors))
 
 
 @register(TAG)
@@ -47,13 +83,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     if not isinstance(raw, dict):
         return [Error(f"RWS_JOBS must be a dict, got {type(raw).__name__}", id="rws_jobs.E001")]
     messages: list[Any] = []
-    for key in sorted(set(raw) - set(DEFAULTS)):
-        messages.append(Warning(f"RWS_JOBS has an unknown key {key!r}",
+    for key in sorted(set(raw) - set(DEFAULTS), key=repr):  # keys of any types
+        messages.append(Warning(f"RWS_JOBS has an unknown key {show(key)}",
                                 hint=f"known keys: {', '.join(DEFAULTS)}", id="rws_jobs.W001"))
     for key, (check_id, test, must) in RULES.items():
         value = getattr(jobs_settings, key)
         if not test(value):
-            messages.append(Error(f"RWS_JOBS[{key!r}] is {value!r}; it must be {must}", id=check_id))
+            messages.append(Error(f"RWS_JOBS[{key!r}] is {show(value)}; it must be {must}", id=check_id))
     return messages
 
 

@@ -6,7 +6,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .validation import INT32_MAX, INT64_MAX, INT64_MIN, integer, only_known, queue_name, show, text
+
 Handler = Callable[[str], Any]
+
+#: What @job and register() accept besides the handler.
+OPTIONS = ("queue", "priority", "max_retries", "schedule")
 
 
 @dataclass(frozen=True)
@@ -30,8 +35,10 @@ class Registry:
     def register(self, job_type: str, func: Handler, **options: Any) -> Handler:
         if not isinstance(job_type, str) or not job_type:
             raise TypeError(f"job_type must be a non-empty string, got {job_type!r}")
+        text("job_type", job_type)
         if not callable(func):
             raise TypeError(f"the handler for job_type {job_type!r} must be callable, got {func!r}")
+        _check_options(job_type, options)
         schedule = options.pop("schedule", None)
         with self._lock:
             existing = self._specs.get(job_type)
@@ -66,6 +73,22 @@ class Registry:
 
     def job_types(self) -> list[str]:
         return sorted(self._specs)
+
+
+def _check_options(job_type: str, options: dict[str, Any]) -> None:
+    """Refuse unknown options and bad defaults at registration, with enqueue's own checks (a
+    schedule's entries are the system checks' to report).
+    (tests/test_input.py::test_job_options_are_checked_at_registration)"""
+    try:
+        only_known("option", options, OPTIONS)
+        if "queue" in options:
+            queue_name(options["queue"])
+        if "priority" in options:
+            integer("priority", options["priority"], INT64_MIN, INT64_MAX)
+        if "max_retries" in options:
+            integer("max_retries", options["max_retries"], 0, INT32_MAX)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"job_type {show(job_type)}: {exc}") from None
 
 
 def _schedule_entries(job_type: str, schedule: Any) -> list[tuple[Any, Any]]:

@@ -26,10 +26,12 @@ from typing import Any, Callable, Sequence
 from django.db import close_old_connections, connections
 from django.db import Error as DjangoDbError
 
+from .checks import check_value, require_valid_settings
 from .conf import jobs_settings
 from .db import is_transient, private_connection, queue_alias
 from .runner import describe, execute, record_or_fallback, recover
 from .store import Claimed, Store
+from .validation import INT32_MAX, INT64_MAX, integer, queue_list
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -173,12 +175,15 @@ class Worker:
         schedules: bool | None = None,
         using: str | None = None,
     ):
-        if threads < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
-        self.threads = threads
-        self.queues = list(queues) if queues else None
+        # Bad arguments and settings raise here, before any thread starts
+        # (tests/test_input.py::test_worker_refuses_bad_arguments_and_settings).
+        require_valid_settings()
+        self.threads = integer("threads", threads, 1, INT32_MAX)
+        self.queues = queue_list(queues)
         self.burst = burst
-        self.max_jobs = max_jobs
+        self.max_jobs = None if max_jobs is None else integer("max_jobs", max_jobs, 1, INT64_MAX)
+        if poll_interval is not None:
+            check_value("POLL_INTERVAL", poll_interval, "poll_interval")
         self.poll_interval = float(jobs_settings.POLL_INTERVAL if poll_interval is None else poll_interval)
         self.run_schedules = (not burst) if schedules is None else schedules
         self.alias = queue_alias(using)

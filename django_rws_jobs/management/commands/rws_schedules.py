@@ -2,33 +2,22 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_rws_jobs import humanize
 from django_rws_jobs.db import queue_alias
 from django_rws_jobs.models import JobSchedule
 from django_rws_jobs.schedules import declared
 
 
 def _when(t: int, now: int) -> str:
-    at = dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    delta = t - now
-    if delta == 0:
-        return f"{at} (now)"
-    return f"{at} (in {_span(delta)})" if delta > 0 else f"{at} ({_span(-delta)} ago)"
-
-
-def _span(seconds: int) -> str:
-    parts: list[str] = []
-    for unit, name in ((86400, "d"), (3600, "h"), (60, "min"), (1, "s")):
-        if seconds >= unit or (unit == 1 and not parts):
-            n, seconds = divmod(seconds, unit)
-            parts.append(f"{n} {name}")
-    return " ".join(parts[:2])
+    """What the admin shows for a unix second: any BIGINT, even one no calendar holds
+    (tests/test_input.py::test_rws_schedules_shows_any_stored_due_time)."""
+    return f"{humanize.absolute(t)} ({humanize.relative(t, now)})"
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:

@@ -12,8 +12,10 @@ from typing import Any
 from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_rws_jobs.checks import check_value
 from django_rws_jobs.conf import jobs_settings
 from django_rws_jobs.db import queue_alias
+from django_rws_jobs.validation import queue_list
 
 
 def _positive_int(value: str) -> int:
@@ -26,6 +28,18 @@ def _positive_int(value: str) -> int:
     return n
 
 
+def _queues(value: str | None) -> list[str] | None:
+    """The names in ``--queues a,b``; given and naming none (``''``, ``,,``, an unset
+    ``$QUEUES``) it is an error, not every queue.
+    (tests/test_input.py::test_rws_worker_refuses_a_blank_queue_list)"""
+    if value is None:
+        return None
+    names = [q.strip() for q in value.split(",") if q.strip()]
+    if not names:
+        raise ValueError(f"--queues {value!r} names no queue; leave --queues out to run every queue")
+    return queue_list(names)
+
+
 class Command(BaseCommand):
     help = "Run django-rws-jobs workers: claim due jobs, run them, retry failures, enqueue cron jobs."
     requires_system_checks = [Tags.models, "rws_jobs"]  # type: ignore[list-item]
@@ -35,7 +49,8 @@ class Command(BaseCommand):
                             help="worker threads per process (default 1)")
         parser.add_argument("--processes", "-p", type=_positive_int, default=1,
                             help="worker processes, each with --workers threads, to use several cores (default 1)")
-        parser.add_argument("--queues", "-q", default="", help="comma-separated queues to run (default: all)")
+        parser.add_argument("--queues", "-q", default=None,
+                            help="comma-separated queues to run (default: all; given, it must name one)")
         parser.add_argument("--burst", action="store_true", help="exit 0 once nothing is due")
         parser.add_argument("--max-jobs", type=_positive_int, default=None, help="stop after this many jobs (per process)")
         parser.add_argument("--poll-interval", type=float, default=None,
@@ -48,12 +63,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
-        queues = [q.strip() for q in options["queues"].split(",") if q.strip()] or None
-        if options["poll_interval"] is not None and options["poll_interval"] <= 0:
-            raise CommandError(f"--poll-interval {options['poll_interval']} must be greater than 0")
         try:
+            queues = _queues(options["queues"])
+            if options["poll_interval"] is not None:
+                check_value("POLL_INTERVAL", options["poll_interval"], "--poll-interval")
             alias = queue_alias(options["database"])
-        except ValueError as exc:
+        except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from None
         settings = dict(
             threads=options["workers"], queues=queues, burst=options["burst"], max_jobs=options["max_jobs"],

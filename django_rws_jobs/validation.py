@@ -1,0 +1,103 @@
+"""What a value must be before it reaches the database: text, integers, queue names, job ids.
+
+A value of the wrong type raises TypeError, a value out of bounds ValueError; both name the value
+and the limit. Only the standard library here: ``registry`` (imported before Django is set up)
+checks ``@job`` options with these too.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+QUEUE_MAX = 64
+UNIQUE_MAX = 191
+ID_MAX = 64
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")  # Unicode category Cc
+
+
+def show(value: Any, n: int = 40) -> str:
+    """``value`` for an error message: a long text cut short, a huge integer by its size."""
+    if isinstance(value, str):
+        return repr(value if len(value) <= n else value[:n] + "...")
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        # str() of a big enough int raises (sys.set_int_max_str_digits); its size says enough
+        return f"{'-' if value < 0 else ''}(a {value.bit_length()}-bit integer)"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def text(name: str, value: Any, *, limit: int | None = None, empty: bool = False) -> str:
+    """``value`` if it is text every supported database stores exactly."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, got {type(value).__name__} {show(value)}")
+    if not empty and not value:
+        raise ValueError(f"{name} must not be empty")
+    if limit is not None and len(value) > limit:
+        raise ValueError(f"{name} {show(value)} is {len(value)} characters; the limit is {limit}")
+    if "\x00" in value:
+        raise ValueError(f"{name} {show(value)} contains a NUL character, which PostgreSQL cannot store")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{name} {show(value)} is not valid Unicode text: {exc.reason}") from None
+    return value
+
+
+def integer(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {show(value)}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} {show(value)} is out of range; it must be between {lo} and {hi}")
+    return value
+
+
+def queue_name(value: Any, name: str = "queue name") -> str:
+    """A queue name that ``rws_worker --queues a,b`` can select: 1 to 64 characters, no comma,
+    no whitespace at either end (the option's list is split at commas and stripped) and no
+    control characters. (tests/test_input.py::test_queue_names_that_queues_cannot_select_are_refused)"""
+    value = text(name, value, limit=QUEUE_MAX)
+    if "," in value:
+        raise ValueError(f"{name} {show(value)} contains a comma; rws_worker --queues could not select it")
+    if value != value.strip():
+        raise ValueError(f"{name} {show(value)} starts or ends with whitespace; rws_worker --queues "
+                         "could not select it")
+    if _CONTROL.search(value):
+        raise ValueError(f"{name} {show(value)} contains a control character")
+    return value
+
+
+def queue_list(queues: Any, name: str = "queues") -> list[str] | None:
+    """None (every queue) or a non-empty list of queue names; a bare str is a TypeError, not
+    its characters. (tests/test_input.py::test_a_queue_list_must_be_a_list_of_names)"""
+    if queues is None:
+        return None
+    if isinstance(queues, (str, bytes, bytearray, dict)):
+        raise TypeError(f"{name} must be a list of queue names, got {type(queues).__name__} {show(queues)}"
+                        + (f"; for one queue write [{show(queues)}]" if isinstance(queues, str) else ""))
+    try:
+        names = list(queues)
+    except TypeError:
+        raise TypeError(f"{name} must be a list of queue names, got {type(queues).__name__} "
+                        f"{show(queues)}") from None
+    if not names:
+        raise ValueError(f"{name} is empty; pass None to take jobs from every queue")
+    return [queue_name(q) for q in names]
+
+
+def job_id(value: Any) -> str:
+    """A job id to look up: text a database can hold. Any other id of any length may simply not
+    exist. (tests/test_input.py::test_retry_and_delete_give_the_same_answer_on_every_database)"""
+    return text("job id", value, empty=True)
+
+
+def only_known(name: str, value: Any, known: Iterable[str]) -> None:
+    """Raise TypeError for each key of ``value`` (a dict) that is not in ``known``."""
+    unknown = [key for key in value if key not in known]
+    if unknown:
+        raise TypeError(f"unknown {name}{'s' if len(unknown) > 1 else ''} "
+                        f"{', '.join(show(k) for k in unknown)}; the known ones are {', '.join(known)}")
