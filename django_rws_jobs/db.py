@@ -115,12 +115,29 @@ def private_connection(alias: str) -> BaseDatabaseWrapper:
         # queues' jobs), and other workers' SKIP LOCKED would pass them over.
         options.setdefault("isolation_level", "read committed")
         # The claim sends BEGIN with its first statement and COMMIT with its last (two round trips
-        # fewer): mysqlclient allows several statements per call unless told not to. Only this
-        # module's statements run on this connection, their parameters escaped by the driver.
+        # fewer) where the driver allows several statements per call: mysqlclient does unless
+        # told not to (PyMySQL does not; see sends_several). Only this module's statements run on
+        # this connection, their parameters escaped by the driver.
         options.pop("multi_statements", None)
     conn.settings_dict = {**conn.settings_dict, "OPTIONS": options}
     conn.rws_private = True  # type: ignore[attr-defined]  (see configure_connection)
     return conn
+
+
+#: The protocol's CLIENT_MULTI_STATEMENTS capability flag.
+CLIENT_MULTI_STATEMENTS = 1 << 16
+
+
+def sends_several(conn: BaseDatabaseWrapper) -> bool:
+    """MariaDB/MySQL: whether ``conn``'s driver connection accepts several statements in one call.
+
+    Asked of the client flags the connection was opened with (mysqlclient sets the flag by
+    default, PyMySQL does not), not of the driver's name. The claim sends single statements
+    where it is off (tests/test_tick.py test_under_pymysql_the_worker_claims_with_one_statement_per_call;
+    the dj6:pymysql cell of scripts/test runs the MariaDB tests through PyMySQL).
+    """
+    raw = conn.connection
+    return bool(getattr(raw, "client_flag", 0) & CLIENT_MULTI_STATEMENTS)
 
 
 _sqlite_locks: dict[str, threading.RLock] = {}

@@ -1,4 +1,6 @@
-"""Test settings: RWS_TEST_DB=sqlite|postgres|mysql picks the database (default sqlite)."""
+"""Test settings: RWS_TEST_DB=sqlite|postgres|mysql picks the database (default sqlite);
+RWS_TEST_MYSQL_DRIVER=pymysql runs MariaDB through PyMySQL instead of mysqlclient (worker
+processes started by the tests inherit both)."""
 
 import json
 import os
@@ -39,6 +41,13 @@ elif DB == "postgres":
         }
     }
 elif DB == "mysql":
+    if os.environ.get("RWS_TEST_MYSQL_DRIVER") == "pymysql":
+        import pymysql
+
+        # Django asks MySQLdb for mysqlclient's version; PyMySQL before 1.1.1 claims an old one.
+        if pymysql.version_info < (2, 2, 1):
+            pymysql.version_info = (2, 2, 1, "final", 0)
+        pymysql.install_as_MySQLdb()
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.mysql",
