@@ -140,6 +140,19 @@ def sends_several(conn: BaseDatabaseWrapper) -> bool:
     return bool(getattr(raw, "client_flag", 0) & CLIENT_MULTI_STATEMENTS)
 
 
+def max_statement_bytes(conn: BaseDatabaseWrapper) -> int:
+    """MariaDB/MySQL: the longest statement the server takes (its ``max_allowed_packet`` less
+    the packet's command byte), read once per driver connection."""
+    conn.ensure_connection()
+    kept = getattr(conn, "_rws_max_packet", None)
+    if kept is None or kept[0] is not conn.connection:
+        with conn.cursor() as c:
+            c.execute("SELECT @@max_allowed_packet")
+            kept = (conn.connection, int(c.fetchone()[0]) - 1)
+        conn._rws_max_packet = kept  # type: ignore[attr-defined]
+    return kept[1]
+
+
 _sqlite_locks: dict[str, threading.RLock] = {}
 _sqlite_locks_guard = threading.Lock()
 
