@@ -38,6 +38,8 @@ RULES: dict[str, tuple[str, Any, str]] = {
     "RECOVERY_INTERVAL": ("rws_jobs.E011", lambda v: v is None or (_number(v) and v > 0),
                           "None or a number of seconds > 0"),
     "WORKER_SYNCHRONOUS_COMMIT": ("rws_jobs.E012", lambda v: isinstance(v, bool), "True or False"),
+    "SQLITE_SETUP_ALIASES": ("rws_jobs.E014", lambda v: isinstance(v, (list, tuple)) and all(
+        isinstance(a, str) and a in connections.settings for a in v), "a list of aliases in DATABASES"),
 }
 
 

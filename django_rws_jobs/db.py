@@ -36,9 +36,10 @@ def thread_connected() -> bool:
 
 
 def configure_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    """Set up new connections: SQLite for sharing, the worker's PostgreSQL ones for speed."""
+    """Set up new connections: the queue's SQLite ones for sharing, the worker's PostgreSQL ones
+    for speed."""
     _thread.connected = True
-    if connection.vendor == "sqlite":
+    if connection.vendor == "sqlite" and sets_up_sqlite(connection):
         configure_sqlite(connection)
     elif connection.vendor == "postgresql" and getattr(connection, "rws_private", False):
         # (SETs, not startup options, so that PgBouncer accepts them.)
@@ -62,6 +63,17 @@ def configure_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs:
                 # (the at-least-once promise), never lose it. Enqueues keep the project's
                 # durability.
                 cursor.execute("SET synchronous_commit TO off")
+
+
+def sets_up_sqlite(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection`` gets the SQLite set-up: the worker's own connections, and Django's
+    to the queue's alias or to one the project names in RWS_JOBS["SQLITE_SETUP_ALIASES"]. The
+    project's other SQLite databases keep their own settings (tests/test_sqlite.py
+    test_other_sqlite_aliases_keep_their_settings)."""
+    if getattr(connection, "rws_private", False) or connection.alias == jobs_settings.DATABASE:
+        return True
+    extra = jobs_settings.SQLITE_SETUP_ALIASES
+    return isinstance(extra, (list, tuple)) and connection.alias in extra
 
 
 def configure_sqlite(connection: BaseDatabaseWrapper) -> None:
