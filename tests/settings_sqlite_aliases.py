@@ -6,4 +6,5 @@ import os
 from tests.settings import *  # noqa: F401,F403
 from tests.settings import DATABASES
 
-DATABASES = {**DATABASES, "other": {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["RWS_TEST_OTHER_SQLITE"]}}
+OTHER = {"ENGINE": "django.db.backends.sqlite3", "NAME": os.environ["RWS_TEST_OTHER_SQLITE"]}
+DATABASES = {**DATABASES, "other": OTHER}

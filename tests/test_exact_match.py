@@ -57,7 +57,7 @@ def test_retry_and_delete_take_only_the_id_named_exactly():
     make("job-2", status="failed")
     assert rws.retry("job-1") is False and rws.retry("Job-1 ") is False
     assert rws.delete("JOB-2") is False and rws.delete("job-2 ") is False
-    assert list(Job.objects.order_by("id").values_list("id", "status")) == [("Job-1", "failed"), ("job-2", "failed")]
+    assert sorted(Job.objects.values_list("id", "status")) == [("Job-1", "failed"), ("job-2", "failed")]
     assert rws.retry("Job-1") is True and rws.delete("job-2") is True
 
 

@@ -42,7 +42,8 @@ def test_other_sqlite_aliases_keep_their_settings(tmp_path, setting, set_up):
         "from django.db import connections\n"
         "other = connections['other']\n"
         "with other.cursor() as c:\n"
-        "    seen = {p: c.execute(f'PRAGMA {p}').fetchone()[0] for p in ('journal_mode', 'synchronous', 'busy_timeout')}\n"
+        "    seen = {p: c.execute(f'PRAGMA {p}').fetchone()[0]\n"
+        "            for p in ('journal_mode', 'synchronous', 'busy_timeout')}\n"
         "print(json.dumps({**seen, 'transaction_mode': other.transaction_mode}))\n",
         env=env,
     )
@@ -50,9 +51,10 @@ def test_other_sqlite_aliases_keep_their_settings(tmp_path, setting, set_up):
     assert proc.returncode == 0, out
     seen = json.loads(out.strip().splitlines()[-1])
     if set_up:
-        assert seen == {"journal_mode": "wal", "synchronous": 1, "busy_timeout": 30000, "transaction_mode": "IMMEDIATE"}
+        want = {"journal_mode": "wal", "synchronous": 1, "busy_timeout": 30000, "transaction_mode": "IMMEDIATE"}
     else:  # SQLite's and Django's defaults
-        assert seen == {"journal_mode": "delete", "synchronous": 2, "busy_timeout": 5000, "transaction_mode": None}
+        want = {"journal_mode": "delete", "synchronous": 2, "busy_timeout": 5000, "transaction_mode": None}
+    assert seen == want
 
 
 @sqlite_only
