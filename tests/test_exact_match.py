@@ -37,6 +37,18 @@ def test_tick_takes_only_jobs_of_the_queue_named_exactly(runs, wanted, other):
     assert Job.objects.get().queue == other
 
 
+def test_tick_does_not_take_a_queue_for_one_named_with_trailing_spaces(runs):
+    """PAD SPACE collations (MariaDB's utf8mb4_general_ci and utf8mb4_bin alike) ignore them."""
+    rws.enqueue("test.record", "reports", queue="reports")
+    for asked in (["reports  "], ["reports ", "unused"]):
+        try:
+            took = rws.tick(queues=asked)
+        except ValueError:  # (a queue name with edge spaces may be refused outright)
+            took = False
+        assert took is False, asked
+    assert runs() == [] and rws.tick(queues=["reports"]) is True
+
+
 @pytest.mark.parametrize("wanted, other", LOOKALIKES)
 def test_each_compared_column_matches_exactly(wanted, other):
     make("j1", job_type=other, queue=other, unique_key=other, locked_by=other)
