@@ -6,10 +6,11 @@ import datetime as dt
 import hashlib
 import itertools
 import math
+import re
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from django.conf import settings
 from django.db import IntegrityError, connections, transaction
@@ -19,7 +20,7 @@ from django.utils import timezone
 
 from . import ids
 from .conf import jobs_settings
-from .db import queue_alias
+from .db import max_statement_bytes, queue_alias
 from .models import Job, Status
 from .registry import registry
 from .validation import INT32_MAX, INT64_MAX, INT64_MIN, UNIQUE_MAX, queue_list, queue_name, show
@@ -128,6 +129,7 @@ def enqueue(job_type: str, payload: str = "", *, queue: str | None = None, prior
     params = prepare(job_type, payload, queue=queue, priority=priority, run_at=run_at, run_in=run_in,
                      unique=unique, max_retries=max_retries)
     alias = queue_alias(using)
+    _check_statement_size(connections[alias], params, "the job")
     if params[-1] is None:
         _insert(connections[alias], params)
         job_id = params[0]
@@ -205,22 +207,26 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
             if row[-1] is None:
                 yield row
 
+    def where() -> str:  # the item plain() yielded last
+        return f"job #{len(rows) - 1}"
+
     with transaction.atomic(using=alias):
         with conn.cursor() as c:
-            if conn.vendor == "postgresql" and hasattr(c.cursor, "copy"):  # psycopg 3
+            # While execute wrappers or the query log watch the connection, every statement goes
+            # through the cursor as a str with its parameters, as Django documents
+            # (test_enqueue_many_statements_are_seen_by_execute_wrappers_and_the_query_log).
+            watched = bool(conn.execute_wrappers) or conn.queries_logged
+            if conn.vendor == "postgresql" and hasattr(c.cursor, "copy") and not watched:  # psycopg 3
                 # COPY streams the rows: several times faster than multi-row INSERTs here.
                 with conn.wrap_database_errors, c.cursor.copy(COPY_SQL) as copy:
                     for row in plain():
                         copy.write_row(row)
-            elif conn.vendor == "mysql" and hasattr(c.cursor.connection, "literal"):  # mysqlclient
-                _insert_quoted(conn, c, plain(), batch_size)
+            elif conn.vendor == "mysql" and _pipelines(c.cursor.connection) and not watched:  # mysqlclient
+                _insert_quoted(conn, c.cursor.connection, plain(), batch_size, where)
             else:
-                if conn.vendor == "sqlite":  # at most SQLite's limit on a statement's parameters
-                    batch_size = min(batch_size, _sqlite_rows_per_statement(c.cursor.connection))
-                for chunk in _batches(plain(), batch_size):
-                    values = ", ".join([INSERT_VALUES] * len(chunk))
-                    c.execute(INSERT_HEAD + values, [v for row in chunk for v in row])
-        ids = [r[0] if r[-1] is None else _insert_unique(alias, r) for r in rows]
+                _insert_plain(conn, c, plain(), batch_size, where)
+        ids = [r[0] if r[-1] is None else _insert_unique_checked(conn, alias, r, i)
+               for i, r in enumerate(rows)]
         _wake_local_workers(alias)
     return ids
 
@@ -240,9 +246,80 @@ def _item_params(item: Any) -> list[Any]:
     raise TypeError(f"a job must be a job_type, a (job_type, payload) pair or a dict, got {show(item)}")
 
 
+def _insert_plain(conn: Any, c: Any, rows: Iterator[list[Any]], batch_size: int,
+                  where: Callable[[], str]) -> None:
+    """Multi-row INSERTs through the cursor, each within the database's limits on a statement."""
+    if conn.vendor == "sqlite":  # at most SQLite's limit on a statement's parameters
+        batch_size = min(batch_size, _sqlite_rows_per_statement(c.cursor.connection))
+    elif conn.vendor == "postgresql":  # the protocol's limit: 65,535 parameters a statement
+        batch_size = min(batch_size, 65_535 // 10)
+    if conn.vendor == "mysql":
+        chunks = _sized_batches(rows, batch_size, max_statement_bytes(conn) - len(INSERT_HEAD),
+                                _row_bytes, where)
+    else:
+        chunks = _batches(rows, batch_size)
+    for chunk in chunks:
+        values = ", ".join([INSERT_VALUES] * len(chunk))
+        c.execute(INSERT_HEAD + values, [v for row in chunk for v in row])
+
+
 def _batches(rows: Iterator[list[Any]], size: int) -> Iterator[list[list[Any]]]:
     while chunk := list(itertools.islice(rows, size)):
         yield chunk
+
+
+def _sized_batches(rows: Iterator[Any], size: int, budget: int, nbytes: Callable[[Any], int],
+                   where: Callable[[], str]) -> Iterator[list[Any]]:
+    """Batches of at most ``size`` rows whose values (``nbytes(row)`` each, and a separator) take
+    at most ``budget`` bytes: MariaDB refuses a statement longer than its max_allowed_packet, and
+    with it the whole batch (test_enqueue_many_splits_statements_by_the_servers_packet_limit)."""
+    chunk: list[Any] = []
+    used = 0
+    for row in rows:
+        n = nbytes(row) + 2
+        if n > budget:
+            raise ValueError(f"{where()}: {_too_big(len(INSERT_HEAD) + n, len(INSERT_HEAD) + budget)}")
+        if chunk and (len(chunk) >= size or used + n > budget):
+            yield chunk
+            chunk, used = [], 0
+        chunk.append(row)
+        used += n
+    if chunk:
+        yield chunk
+
+
+def _too_big(n: int, limit: int) -> str:
+    return (f"its INSERT statement is about {n:,} bytes; the server's max_allowed_packet allows "
+            f"statements of {limit:,} bytes (store large payloads elsewhere, or raise the limit)")
+
+
+#: The characters MariaDB/MySQL quoting escapes (one byte more each), whatever the driver.
+_ESCAPED = re.compile(r"[\x00\n\r\\'\"\x1a]")
+
+
+def _literal_bytes(value: Any) -> int:
+    """An upper bound on the length of ``value`` quoted as a MariaDB/MySQL literal."""
+    if isinstance(value, str):
+        return len(value.encode()) + len(_ESCAPED.findall(value)) + 2
+    return 4 if value is None else len(str(value))
+
+
+def _row_bytes(row: list[Any]) -> int:
+    return len(INSERT_VALUES) + sum(_literal_bytes(v) for v in row)
+
+
+def _check_statement_size(conn: Any, params: list[Any], what: str) -> None:
+    """MariaDB/MySQL: refuse a job whose INSERT the server would refuse for its size. (The
+    server's answer, error 1153, also drops the connection, and the caller's transaction with it.)"""
+    if conn.vendor != "mysql":
+        return
+    # A bound first, cheap to compute: at most 4 bytes a character as UTF-8, 20 a number.
+    rough = len(INSERT_SQL) + sum(4 * len(v) + 2 if isinstance(v, str) else 20 for v in params)
+    if rough < 1024 or rough <= (limit := max_statement_bytes(conn)):  # (no server takes less than 1 KiB)
+        return
+    n = len(INSERT_HEAD) + _row_bytes(params)
+    if n > limit:
+        raise ValueError(f"{what}: {_too_big(n, limit)}")
 
 
 def _sqlite_rows_per_statement(raw: Any) -> int:
@@ -257,7 +334,14 @@ def _sqlite_rows_per_statement(raw: Any) -> int:
     return max(limit // 10, 1)
 
 
-def _insert_quoted(conn: Any, c: Any, rows: Iterator[list[Any]], batch_size: int) -> None:
+def _pipelines(raw: Any) -> bool:
+    """Whether the MariaDB/MySQL driver connection ``raw`` can send a statement and read its
+    answer later, quoting values to bytes (mysqlclient; PyMySQL takes the plain path)."""
+    return hasattr(raw, "send_query") and hasattr(raw, "read_query_result") and hasattr(raw, "literal")
+
+
+def _insert_quoted(conn: Any, raw: Any, rows: Iterator[list[Any]], batch_size: int,
+                   where: Callable[[], str]) -> None:
     """MySQL: multi-row INSERTs whose values are quoted here by the driver's own quoting, each
     distinct value once a batch. mysqlclient quotes every parameter of every row, which was most
     of a bulk enqueue's time in the client (10 values a row), while the rows of one call mostly
@@ -266,38 +350,37 @@ def _insert_quoted(conn: Any, c: Any, rows: Iterator[list[Any]], batch_size: int
 
     The statements are pipelined: each is sent, and the next batch is validated and built while
     the server inserts the rows of the one before (the driver lets go of the GIL while it waits),
-    so the two cores work at once. While the connection's statements are watched (execute
-    wrappers, the query log) they go through the cursor one by one instead, so that the watchers
-    see each of them."""
-    raw = c.cursor.connection  # MySQLdb's connection
+    so the two cores work at once. Only while nothing watches the connection's statements
+    (execute wrappers, the query log): they would get neither a str nor each statement."""
     literal = raw.literal
     head = INSERT_HEAD.encode()
     tail_format = INSERT_VALUES.encode().replace(b"(%s, ", b"', ", 1)  # the row after its id
-    pipelined = (hasattr(raw, "send_query") and hasattr(raw, "read_query_result")
-                 and not conn.execute_wrappers and not conn.queries_logged)
+    quoted: dict[tuple[type, Any], bytes] = {}
+    tails: dict[tuple[Any, ...], bytes] = {}
+
+    def values() -> Iterator[bytes]:
+        for job_id, *rest in rows:
+            if len(tails) > batch_size:  # remember a batch's worth of distinct values
+                quoted.clear()
+                tails.clear()
+            key = tuple(rest)
+            tail = tails.get(key)
+            if tail is None:
+                parts = []
+                for v in rest:
+                    q = quoted.get((type(v), v))
+                    if q is None:
+                        q = quoted[(type(v), v)] = literal(v)
+                    parts.append(q)
+                tail = tails[key] = tail_format % tuple(parts)
+            yield b"('" + job_id.encode() + tail
+
     in_flight = False
     with conn.wrap_database_errors:  # the driver's errors as django.db's, as a cursor raises them
         try:
-            for chunk in _batches(rows, batch_size):
-                quoted: dict[tuple[type, Any], bytes] = {}
-                tails: dict[tuple[Any, ...], bytes] = {}
-                values = []
-                for job_id, *rest in chunk:
-                    key = tuple(rest)
-                    tail = tails.get(key)
-                    if tail is None:
-                        parts = []
-                        for v in rest:
-                            q = quoted.get((type(v), v))
-                            if q is None:
-                                q = quoted[(type(v), v)] = literal(v)
-                            parts.append(q)
-                        tail = tails[key] = tail_format % tuple(parts)
-                    values.append(b"('" + job_id.encode() + tail)
-                sql = head + b", ".join(values)
-                if not pipelined:
-                    c.execute(sql)
-                    continue
+            budget = max_statement_bytes(conn) - len(head)
+            for chunk in _sized_batches(values(), batch_size, budget, len, where):
+                sql = head + b", ".join(chunk)
                 if in_flight:
                     in_flight = False
                     raw.read_query_result()
@@ -312,6 +395,11 @@ def _insert_quoted(conn: Any, c: Any, rows: Iterator[list[Any]], batch_size: int
                     raw.read_query_result()
                 except Exception:
                     pass
+
+
+def _insert_unique_checked(conn: Any, alias: str, params: list[Any], index: int) -> str:
+    _check_statement_size(conn, params, f"job #{index}")
+    return _insert_unique(alias, params)
 
 
 def _insert_unique(alias: str, params: list[Any]) -> str:

@@ -57,6 +57,8 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "SCHEDULES": ("rws_jobs.E010", lambda v: isinstance(v, dict), "a dict of name -> schedule"),
     "RECOVERY_INTERVAL": ("rws_jobs.E011", *_optional(_bounded(SECONDS, 0, DAY, above=True))),
     "WORKER_SYNCHRONOUS_COMMIT": ("rws_jobs.E012", lambda v: isinstance(v, bool), "True or False"),
+    "SQLITE_SETUP_ALIASES": ("rws_jobs.E014", lambda v: isinstance(v, (list, tuple)) and all(
+        isinstance(a, str) and a in connections.settings for a in v), "a list of aliases in DATABASES"),
 }
 
 

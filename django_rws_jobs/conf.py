@@ -21,6 +21,9 @@ DEFAULTS: dict[str, Any] = {
     # PostgreSQL: whether the worker's claims and outcomes wait for the WAL flush. Off, a database
     # crash can undo the last ones, which makes those jobs run again; no job is ever lost.
     "WORKER_SYNCHRONOUS_COMMIT": False,
+    # SQLite aliases besides the queue's (DATABASE) whose connections get the queue's set-up:
+    # WAL, synchronous=NORMAL, IMMEDIATE transactions, a busy timeout.
+    "SQLITE_SETUP_ALIASES": [],
 }
 
 

@@ -36,9 +36,10 @@ def thread_connected() -> bool:
 
 
 def configure_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    """Set up new connections: SQLite for sharing, the worker's PostgreSQL ones for speed."""
+    """Set up new connections: the queue's SQLite ones for sharing, the worker's PostgreSQL ones
+    for speed."""
     _thread.connected = True
-    if connection.vendor == "sqlite":
+    if connection.vendor == "sqlite" and sets_up_sqlite(connection):
         configure_sqlite(connection)
     elif connection.vendor == "postgresql" and getattr(connection, "rws_private", False):
         # (SETs, not startup options, so that PgBouncer accepts them.)
@@ -62,6 +63,17 @@ def configure_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs:
                 # (the at-least-once promise), never lose it. Enqueues keep the project's
                 # durability.
                 cursor.execute("SET synchronous_commit TO off")
+
+
+def sets_up_sqlite(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection`` gets the SQLite set-up: the worker's own connections, and Django's
+    to the queue's alias or to one the project names in RWS_JOBS["SQLITE_SETUP_ALIASES"]. The
+    project's other SQLite databases keep their own settings (tests/test_sqlite.py
+    test_other_sqlite_aliases_keep_their_settings)."""
+    if getattr(connection, "rws_private", False) or connection.alias == jobs_settings.DATABASE:
+        return True
+    extra = jobs_settings.SQLITE_SETUP_ALIASES
+    return isinstance(extra, (list, tuple)) and connection.alias in extra
 
 
 def configure_sqlite(connection: BaseDatabaseWrapper) -> None:
@@ -115,12 +127,42 @@ def private_connection(alias: str) -> BaseDatabaseWrapper:
         # queues' jobs), and other workers' SKIP LOCKED would pass them over.
         options.setdefault("isolation_level", "read committed")
         # The claim sends BEGIN with its first statement and COMMIT with its last (two round trips
-        # fewer): mysqlclient allows several statements per call unless told not to. Only this
-        # module's statements run on this connection, their parameters escaped by the driver.
+        # fewer) where the driver allows several statements per call: mysqlclient does unless
+        # told not to (PyMySQL does not; see sends_several). Only this module's statements run on
+        # this connection, their parameters escaped by the driver.
         options.pop("multi_statements", None)
     conn.settings_dict = {**conn.settings_dict, "OPTIONS": options}
     conn.rws_private = True  # type: ignore[attr-defined]  (see configure_connection)
     return conn
+
+
+#: The protocol's CLIENT_MULTI_STATEMENTS capability flag.
+CLIENT_MULTI_STATEMENTS = 1 << 16
+
+
+def sends_several(conn: BaseDatabaseWrapper) -> bool:
+    """MariaDB/MySQL: whether ``conn``'s driver connection accepts several statements in one call.
+
+    Asked of the client flags the connection was opened with (mysqlclient sets the flag by
+    default, PyMySQL does not), not of the driver's name. The claim sends single statements
+    where it is off (tests/test_tick.py test_under_pymysql_the_worker_claims_with_one_statement_per_call;
+    the dj6:pymysql cell of scripts/test runs the MariaDB tests through PyMySQL).
+    """
+    raw = conn.connection
+    return bool(getattr(raw, "client_flag", 0) & CLIENT_MULTI_STATEMENTS)
+
+
+def max_statement_bytes(conn: BaseDatabaseWrapper) -> int:
+    """MariaDB/MySQL: the longest statement the server takes (its ``max_allowed_packet`` less
+    the packet's command byte), read once per driver connection."""
+    conn.ensure_connection()
+    kept = getattr(conn, "_rws_max_packet", None)
+    if kept is None or kept[0] is not conn.connection:
+        with conn.cursor() as c:
+            c.execute("SELECT @@max_allowed_packet")
+            kept = (conn.connection, int(c.fetchone()[0]) - 1)
+        conn._rws_max_packet = kept  # type: ignore[attr-defined]
+    return kept[1]
 
 
 _sqlite_locks: dict[str, threading.RLock] = {}

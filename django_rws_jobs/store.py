@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .db import atomic, is_registered, write_lock
+from .db import atomic, is_registered, sends_several, write_lock
 from .models import Job, Status
 
 CLAIM_COLUMNS = (
@@ -490,9 +490,13 @@ class Store:
         if is_registered(self.conn):  # tick(): the caller's connection, perhaps inside its transaction
             with atomic(self.conn), self.conn.cursor() as c:
                 return self._lock_and_mark(c, False, set_params, select, params, want, resume)
+        c = self._cursor()  # (connects first: sends_several asks the driver's connection)
+        if not sends_several(self.conn):  # PyMySQL: one statement per call
+            with self._atomic():
+                return self._lock_and_mark(c, False, set_params, select, params, want, resume)
         # The worker's own connection: BEGIN goes with the first statement and COMMIT with the
         # last, so a claim is two round trips instead of four (drain 2,740 -> 3,200 jobs/s).
-        with self._cursor() as c:
+        with c:
             try:
                 return self._lock_and_mark(c.cursor, True, set_params, select, params, want, resume)
             except BaseException:

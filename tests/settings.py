@@ -1,4 +1,6 @@
-"""Test settings: RWS_TEST_DB=sqlite|postgres|mysql picks the database (default sqlite)."""
+"""Test settings: RWS_TEST_DB=sqlite|postgres|mysql picks the database (default sqlite);
+RWS_TEST_MYSQL_DRIVER=pymysql runs MariaDB through PyMySQL instead of mysqlclient (worker
+processes started by the tests inherit both)."""
 
 import json
 import os
@@ -39,6 +41,13 @@ elif DB == "postgres":
         }
     }
 elif DB == "mysql":
+    if os.environ.get("RWS_TEST_MYSQL_DRIVER") == "pymysql":
+        import pymysql
+
+        # Django asks MySQLdb for mysqlclient's version; PyMySQL before 1.1.1 claims an old one.
+        if pymysql.version_info < (2, 2, 1):
+            pymysql.version_info = (2, 2, 1, "final", 0)
+        pymysql.install_as_MySQLdb()
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.mysql",
@@ -48,7 +57,9 @@ elif DB == "mysql":
             "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
             "PORT": os.environ.get("MYSQL_PORT", "3306"),
             "OPTIONS": {"charset": "utf8mb4"},
-            "TEST": {"NAME": f"test_rws_jobs_{os.getpid()}", "CHARSET": "utf8mb4", "COLLATION": "utf8mb4_bin"},
+            # Created with the server's default collation (utf8mb4_general_ci on MariaDB), as a
+            # user's database is: the queue's columns must compare exactly anyway (migration 0007).
+            "TEST": {"NAME": f"test_rws_jobs_{os.getpid()}"},
         }
     }
 else:

@@ -55,8 +55,8 @@ class Database:
                      else f"rws_adopt_{os.getpid()}_{form}")
         self._drop()
         if VENDOR != "sqlite":
-            self._admin(f"CREATE DATABASE {self.name}" + (" CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
-                                                          if VENDOR == "mysql" else ""))
+            # With the server's default collation (utf8mb4_general_ci on MariaDB), as the crate's is.
+            self._admin(f"CREATE DATABASE {self.name}")
         self.conn = connections.create_connection("default")
         self.conn.settings_dict = {**self.conn.settings_dict, "NAME": self.name}
 
@@ -153,6 +153,10 @@ def test_migrate_adopts_a_table_rust_created_and_keeps_every_row(rust_db, form):
     for name in ("rws_jobs_claim_idx", "rws_jobs_due_idx", "rws_jobs_queue_idx", "rws_jobs_unique_active"):
         assert name in constraints
     assert "rws_jobs_lease_idx" not in constraints
+    # Ids, job types, queues and schedule names compare exactly (MariaDB: migration 0007).
+    assert db.execute("SELECT id FROM rws_jobs WHERE id = 'R-DUE' OR job_type = 'Test.Record' "
+                      "OR queue IN ('DEFAULT', 'default ')") == []
+    assert db.execute("SELECT name FROM rws_job_schedules WHERE name = 'NIGHTLY'") == []
     # Our columns are 64-bit wherever the model says so, whatever Rust created (INTEGER on PostgreSQL
     # is 32 bits): a job due after 2038 fits.
     db.execute("UPDATE rws_jobs SET next_run_at = %s WHERE id = 'r-later'", [2**40])

@@ -99,3 +99,12 @@ def test_database_check_passes_here():
     from django_rws_jobs.checks import check_database
 
     assert check_database() == []
+
+
+@pytest.mark.parametrize("value", ["default", ["missing"], [None], {"default": 1}])
+def test_sqlite_setup_aliases_must_be_a_list_of_database_aliases(value):
+    with override_settings(RWS_JOBS={"SQLITE_SETUP_ALIASES": value}):
+        messages = check_settings()
+    assert [m.id for m in messages] == ["rws_jobs.E014"]
+    assert "SQLITE_SETUP_ALIASES" in messages[0].msg and "a list of aliases in DATABASES" in messages[0].msg
+    assert ids(SQLITE_SETUP_ALIASES=["default"]) == [] and ids(SQLITE_SETUP_ALIASES=()) == []

@@ -1,5 +1,6 @@
 import datetime as dt
 import math
+import re
 import time
 
 import pytest
@@ -298,23 +299,66 @@ def test_enqueue_many_error_in_a_later_batch_rolls_back_the_call_and_leaves_the_
 
 
 def test_enqueue_many_statements_are_seen_by_execute_wrappers_and_the_query_log():
+    """Wrappers get each statement as a str, as Django documents (MariaDB's pipelined INSERTs
+    were bytes); PostgreSQL's COPY, which no wrapper or log sees, gives way to INSERTs then."""
     from django.test.utils import CaptureQueriesContext
 
     seen = []
 
     def wrapper(execute, sql, params, many, context):
-        seen.append(sql)
+        seen.append((type(sql), sql.upper().startswith("INSERT INTO RWS_JOBS")))
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(wrapper):
         first = rws.enqueue_many([("x", str(i)) for i in range(25)], batch_size=10)
+    assert {kind for kind, _ in seen} == {str} and sum(insert for _, insert in seen) == 3
     with CaptureQueriesContext(connection) as captured:
         second = rws.enqueue_many([("x", str(i)) for i in range(25)], batch_size=10)
-    if connection.vendor != "postgresql":  # PostgreSQL's COPY is not a cursor statement
-        texts = [s if isinstance(s, str) else s.decode() for s in seen]
-        assert sum(s.startswith("INSERT INTO rws_jobs ") for s in texts) == 3
-        assert sum(q["sql"].startswith("INSERT INTO rws_jobs") for q in captured.captured_queries) == 3
-    assert Job.objects.filter(id__in=first + second).count() == 50
+    assert sum(q["sql"].startswith("INSERT INTO rws_jobs") for q in captured.captured_queries) == 3
+    assert sorted(Job.objects.filter(id__in=first + second).values_list("payload", flat=True)) == sorted(
+        [str(i) for i in range(25)] * 2)
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's max_allowed_packet")
+@pytest.mark.parametrize("watched", [False, True])
+def test_enqueue_many_splits_statements_by_the_servers_packet_limit(watched):
+    """1,000 jobs whose rows add up to more than max_allowed_packet (16 MiB by default) go in, in
+    as many statements as they need; the server refused the lot before (error 1153). ``watched``:
+    the path through the cursor, which PyMySQL and execute wrappers take."""
+    from contextlib import nullcontext
+
+    with connection.cursor() as c:
+        c.execute("SELECT @@max_allowed_packet")
+        limit = c.fetchone()[0]
+    size = limit // 800
+    items = [("x", f"{i:04d}" + "'\\" * (size // 3)) for i in range(1000)]  # escaped: ~1.6x as SQL
+    wrapped = connection.execute_wrapper(lambda execute, *a: execute(*a)) if watched else nullcontext()
+    with wrapped:
+        ids = rws.enqueue_many(items)
+    assert len(ids) == 1000
+    stored = dict(Job.objects.filter(id__in=ids).values_list("id", "payload"))
+    assert [stored[i] for i in ids] == [p for _, p in items]
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's max_allowed_packet")
+def test_a_job_bigger_than_the_servers_packet_limit_is_refused_naming_it():
+    with connection.cursor() as c:
+        c.execute("SELECT @@max_allowed_packet")
+        limit = c.fetchone()[0]
+    big = "x" * limit
+    allows = rf"max_allowed_packet allows statements of {limit - 1:,} bytes"
+    about = r"its INSERT statement is about [\d,]+ bytes; "
+    with pytest.raises(ValueError, match=rf"job #2: {about}.*{allows}") as info:
+        rws.enqueue_many([("x", "a"), ("x", "b"), ("x", big), ("x", "c")])
+    size = re.search(r"about ([\d,]+) bytes", str(info.value)).group(1)
+    assert limit < int(size.replace(",", "")) < limit + 1000
+    with pytest.raises(ValueError, match=rf"job #1: its INSERT statement is about .*{allows}"):
+        rws.enqueue_many([("x", "a"), {"job_type": "x", "payload": big, "unique": "k"}])
+    with transaction.atomic():
+        kept = rws.enqueue("x", "kept")
+        with pytest.raises(ValueError, match=rf"the job: its INSERT statement is about .*{allows}"):
+            rws.enqueue("x", big)
+    assert list(Job.objects.values_list("id", flat=True)) == [kept]  # the connection kept its transaction
 
 
 def test_enqueue_many_bad_item_after_written_batches_stores_nothing_of_the_call():

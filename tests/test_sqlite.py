@@ -1,8 +1,12 @@
+import json
+
 import pytest
 from django.db import connection, connections
 
-pytestmark = [pytest.mark.django_db(transaction=True),
-              pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite connection set-up")]
+from tests.conftest import run_python, subprocess_env
+
+sqlite_only = pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite connection set-up")
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def pragma(conn, name):
@@ -11,6 +15,7 @@ def pragma(conn, name):
         return c.fetchone()[0]
 
 
+@sqlite_only
 def test_sqlite_connections_get_wal_busy_timeout_and_immediate_transactions():
     conn = connections.create_connection("default")
     try:
@@ -23,6 +28,36 @@ def test_sqlite_connections_get_wal_busy_timeout_and_immediate_transactions():
         conn.close()
 
 
+@pytest.mark.parametrize("setting, set_up", [(None, False), (["other"], True)])
+def test_other_sqlite_aliases_keep_their_settings(tmp_path, setting, set_up):
+    """Only the queue's SQLite alias gets the set-up (WAL, synchronous=NORMAL, IMMEDIATE
+    transactions, a busy timeout), and those RWS_JOBS["SQLITE_SETUP_ALIASES"] names. In a process
+    whose settings add an alias "other" beside the queue's "default", whatever database that is."""
+    env = subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings_sqlite_aliases",
+                         RWS_TEST_OTHER_SQLITE=str(tmp_path / "other.sqlite3"))
+    if setting is not None:
+        env["RWS_TEST_JOBS"] = json.dumps({"SQLITE_SETUP_ALIASES": setting})
+    proc = run_python(
+        "import json\n"
+        "from django.db import connections\n"
+        "other = connections['other']\n"
+        "with other.cursor() as c:\n"
+        "    seen = {p: c.execute(f'PRAGMA {p}').fetchone()[0]\n"
+        "            for p in ('journal_mode', 'synchronous', 'busy_timeout')}\n"
+        "print(json.dumps({**seen, 'transaction_mode': other.transaction_mode}))\n",
+        env=env,
+    )
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    seen = json.loads(out.strip().splitlines()[-1])
+    if set_up:
+        want = {"journal_mode": "wal", "synchronous": 1, "busy_timeout": 30000, "transaction_mode": "IMMEDIATE"}
+    else:  # SQLite's and Django's defaults
+        want = {"journal_mode": "delete", "synchronous": 2, "busy_timeout": 5000, "transaction_mode": None}
+    assert seen == want
+
+
+@sqlite_only
 def test_the_users_choices_are_kept():
     from django.db.backends.sqlite3.base import DatabaseWrapper
 
@@ -36,6 +71,7 @@ def test_the_users_choices_are_kept():
         conn.close()
 
 
+@sqlite_only
 def test_the_workers_own_connections_to_one_file_take_turns_writing():
     """A claim waits on the process's lock while another of the worker's connections writes,
     instead of meeting it in SQLite's busy handler (which sleeps 1 ms and more)."""

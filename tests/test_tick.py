@@ -279,6 +279,25 @@ def test_a_mariadb_claim_that_fails_midway_rolls_back_and_its_connection_claims_
             c.execute("DROP TRIGGER rws_test_boom")
 
 
+@pytest.mark.skipif(__import__("os").environ.get("RWS_TEST_MYSQL_DRIVER") != "pymysql",
+                    reason="the dj6:pymysql cell of scripts/test")
+def test_under_pymysql_the_worker_claims_with_one_statement_per_call():
+    """PyMySQL sends one statement per call (no CLIENT_MULTI_STATEMENTS): the claim's BEGIN, locking
+    read, UPDATE and COMMIT go one by one. Before, every claim was a syntax error."""
+    from django_rws_jobs.db import private_connection, sends_several
+
+    store = Store(private_connection("default"))
+    try:
+        ids = [rws.enqueue("test.record", str(i)) for i in range(3)]
+        assert _claim(store, "w#1", 2) == ["0", "1"]
+        assert type(store.conn.connection).__module__.startswith("pymysql")
+        assert sends_several(store.conn) is False
+        assert sorted(Job.objects.filter(locked_by="w#1").values_list("id", flat=True)) == sorted(ids[:2])
+        assert _claim(store, "w#2", 5) == ["2"]
+    finally:
+        store.conn.close()
+
+
 def test_tick_inside_a_transaction_keeps_it_usable_and_signals_after_commit(runs):
     from django.db import transaction
 
