@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from django.contrib import admin
+from django.contrib.admin.utils import quote, unquote
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -16,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 from .. import humanize
 from ..models import Job, JobQuerySet, Status
 from . import overview
-from .common import QueueDatabaseAdmin, ReadOnlyAdminMixin, links, now, pre, short_text, time_cell
+from .common import QueueDatabaseAdmin, ReadOnlyAdminMixin, links, now, pre, refuse_nul, short_text, time_cell
 
 
 class DueFilter(admin.SimpleListFilter):
@@ -149,9 +150,10 @@ class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> Any:
         context = links(request, self)
-        obj = self.get_object(request, object_id)
+        refuse_nul(request, unquote(object_id))
+        obj = self.get_object(request, unquote(object_id))  # the URL holds the admin-quoted id
         if obj is not None and obj.status == Status.FAILED and context["dead_letter_url"]:
-            context["dead_job_url"] = reverse("admin:django_rws_jobs_failedjob_change", args=[obj.pk],
+            context["dead_job_url"] = reverse("admin:django_rws_jobs_failedjob_change", args=[quote(obj.pk)],
                                               current_app=self.admin_site.name)
         return super().change_view(request, object_id, form_url, {**context, **(extra_context or {})})
 
