@@ -187,3 +187,68 @@ def test_retry_all_takes_a_bounded_number_of_queries(admin_client):
     assert one_batch == few
     three_batches = _retry_all_queries(admin_client, 3 * api.RETRY_BATCH)
     assert three_batches <= 3 * few
+
+
+# ---- the pages' cost on a big table (the figures: scripts/bench admin) ------------------------
+
+
+@pytest.mark.parametrize("query", ["", "status__exact=pending", "due=now", "due=lease_expired", "queue=mail",
+                                   "job_type=test.record"])
+def test_the_jobs_list_reads_no_more_rows_than_it_shows(admin_client, query):
+    """No SELECT DISTINCT for the filters, a count that stops at the cap, and the due index's
+    order: each read a page's worth of a million-row table, not all of it."""
+    make_job("p1")
+    with CaptureQueriesContext(connection) as ctx:
+        assert admin_client.get(f"{JOBS}?{query}").status_code == 200
+    jobs_sql = [q["sql"] for q in ctx.captured_queries if "rws_jobs" in q["sql"]]
+    assert not [sql for sql in jobs_sql if "DISTINCT" in sql.upper()]
+    counts = [sql for sql in jobs_sql if "COUNT(" in sql.upper()]
+    assert len(counts) == 1 and "LIMIT 10001" in counts[0].upper()
+    page = [sql for sql in jobs_sql if "COUNT(" not in sql.upper()]
+    assert len(page) == 1
+    order = re.sub(r'["`]', "", page[0].split("ORDER BY")[1]).split("LIMIT")[0].split(",")
+    order = [term.strip().removeprefix("rws_jobs.") for term in order]
+    assert order == ["status ASC", "next_run_at ASC", "priority ASC", "id ASC"]
+    due_index = next(ix for ix in Job._meta.indexes if ix.name == "rws_jobs_due_idx")
+    assert due_index.fields == ["status", "next_run_at", "priority"]
+
+
+def test_the_jobs_list_says_more_than_the_cap(admin_client, monkeypatch):
+    from django_rws_jobs.admin.jobs import CappedCountPaginator
+
+    monkeypatch.setattr(CappedCountPaginator, "cap", 3)
+    for i in range(5):
+        make_job(f"p{i}")
+    response = admin_client.get(JOBS)
+    assert len(response.context["cl"].result_list) == 5
+    assert "more than 3 jobs" in response.content.decode()
+    response = admin_client.get(f"{JOBS}?status__exact=failed")
+    assert "0 jobs" in response.content.decode() and "more than" not in response.content.decode()
+
+
+def test_the_dead_letter_filters_read_no_table(admin_client):
+    make_job("d1", status="failed", queue="mailers", job_type="test.mailer")
+    with CaptureQueriesContext(connection) as ctx:
+        page = admin_client.get(DEAD).content.decode()
+    assert "?queue=mailers" in page and "?job_type=test.mailer" in page
+    assert not [q for q in ctx.captured_queries if "DISTINCT" in q["sql"].upper()]
+
+
+def test_the_overview_reads_the_queue_index_only(admin_client):
+    """The overview's count over every row names only columns of the queue index (a covering scan);
+    only the running rows are read for their leases."""
+    t = now()
+    make_job("p1", queue="mail", due=t - 5)
+    make_job("r1", status="running", locked_until=t - 5)
+    make_job("f1", status="failed", queue="mail")
+    with CaptureQueriesContext(connection) as ctx:
+        response = admin_client.get(OVERVIEW)
+    rows = {r["stats"].queue: r["stats"] for r in response.context["rows"]}
+    assert (rows["mail"].pending, rows["mail"].due, rows["mail"].failed) == (1, 1, 1)
+    assert (rows["default"].running, rows["default"].lease_expired) == (1, 1)
+    jobs_sql = [re.sub(r'["`]', "", q["sql"]) for q in ctx.captured_queries if "rws_jobs" in q["sql"]]
+    assert len(jobs_sql) == 2
+    index = next(ix for ix in Job._meta.indexes if ix.name == "rws_jobs_queue_idx")
+    columns = set(re.findall(r"rws_jobs\.(\w+)", jobs_sql[0]))
+    assert "WHERE" not in jobs_sql[0].split("FROM")[1].split("GROUP BY")[0] and columns <= set(index.fields)
+    assert "status = %s" in jobs_sql[1] or "status = 'running'" in jobs_sql[1]

@@ -26,7 +26,7 @@ from .. import api
 from ..db import queue_alias
 from ..models import FailedJob, Job, Status
 from .common import links, now, refuse_nul
-from .jobs import JobDisplay
+from .jobs import JobDisplay, JobTypeFilter, QueueFilter
 
 #: Ids named in one message at most; the rest are counted.
 MAX_IDS_SHOWN = 10
@@ -79,7 +79,7 @@ def _selection(request: HttpRequest, queryset: QuerySet[Any]) -> tuple[list[str]
 @admin.register(FailedJob)
 class FailedJobAdmin(JobDisplay):
     list_display = ("id", "job_type", "queue", "failed", "error", "runs")
-    list_filter = ("queue", "job_type")
+    list_filter = (QueueFilter, JobTypeFilter)
     # Rows a seed writer failed carry no failed_at; they sort after the ones we timed.
     ordering = (F("failed_at").desc(nulls_last=True), "-next_run_at", "-id")
     actions = ("retry_selected", "delete_selected")
