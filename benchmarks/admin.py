@@ -171,14 +171,14 @@ def main() -> None:
 def table(out: dict) -> str:
     dbs = list(out["results"])
     first = out["results"][dbs[0]]
-    lines = ["| admin, %s rows in rws_jobs | " % f"{out['args']['rows']:,}" + " | ".join(dbs) + " |",
+    lines = [f"| admin, {out['args']['rows']:,} rows in rws_jobs | " + " | ".join(dbs) + " |",
              "|---|" + "---|" * len(dbs)]
     for label in first["pages_ms"]:
         values = [out["results"][d]["pages_ms"][label] for d in dbs]
         lines.append(f"| {label} (ms) | " + " | ".join(f"{v:.0f}" for v in values) + " |")
-    for key, label in (("retry_all_s", "retry all %s dead jobs (s)"), ("delete_all_s", "delete all %s dead jobs (s)")):
+    for key, verb in (("retry_all_s", "retry"), ("delete_all_s", "delete")):
         values = [out["results"][d][key] for d in dbs]
-        lines.append(f"| {label % f'{first['dead']:,}'} | " + " | ".join(f"{v:.1f}" for v in values) + " |")
+        lines.append(f"| {verb} all {first['dead']:,} dead jobs (s) | " + " | ".join(f"{v:.1f}" for v in values) + " |")
     return "\n".join(lines) + f"\n\nPages: median of {out['args']['repeat']} request(s) after a warm-up."
 
 

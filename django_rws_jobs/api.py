@@ -381,9 +381,9 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
     return changed == 1
 
 
-#: Rows per retry_many statement: an id in the IN list and up to two CASE parameters each stay
-#: under 999, the fewest parameters a SQLite build may allow.
-RETRY_BATCH = 300
+#: Rows per retry_many statement at most: an id in the IN list and up to two CASE parameters
+#: each, fewer where a SQLite build allows fewer parameters (_retry_batch_size).
+RETRY_BATCH = 1000
 
 
 def retry_many(job_ids: Iterable[str], *, using: str | None = None,
@@ -401,11 +401,19 @@ def retry_many(job_ids: Iterable[str], *, using: str | None = None,
     now = int(time.time()) if now is None else now
     retried: list[str] = []
     blocked: list[str] = []
-    for start in range(0, len(ids), RETRY_BATCH):
-        done, held = _retry_batch(alias, ids[start:start + RETRY_BATCH], now)
+    size = _retry_batch_size(connections[alias])
+    for start in range(0, len(ids), size):
+        done, held = _retry_batch(alias, ids[start:start + size], now)
         retried += done
         blocked += held
     return retried, blocked
+
+
+def _retry_batch_size(conn: Any) -> int:
+    if conn.vendor != "sqlite":
+        return RETRY_BATCH
+    conn.ensure_connection()
+    return max(min(RETRY_BATCH, _sqlite_rows_per_statement(conn.connection) * 10 // 3), 1)
 
 
 def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[str]]:

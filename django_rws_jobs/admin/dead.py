@@ -120,7 +120,7 @@ class FailedJobAdmin(JobDisplay):
         done = set(retried + blocked)
         vanished = [job_id for job_id in ids if job_id not in done]
         for batch in _batches(retried):
-            jobs = list(Job.objects.using(alias).filter(pk__in=batch))
+            jobs = list(Job.objects.using(alias).filter(pk__in=batch).only("id", "job_type", "status"))
             LogEntry.objects.log_actions(_user_id(request), jobs, CHANGE,
                                          change_message="Retried from the dead-letter list")
         if retried:
@@ -161,7 +161,7 @@ class FailedJobAdmin(JobDisplay):
         alias = queue_alias()
         deleted, left = 0, []
         for batch in _batches(ids):
-            victims = list(FailedJob.objects.using(alias).filter(pk__in=batch))
+            victims = list(FailedJob.objects.using(alias).filter(pk__in=batch).only("id", "job_type", "status"))
             victim_ids = [v.pk for v in victims]
             # status=failed again: a job retried since the line above is pending now and stays.
             deleted += Job.objects.using(alias).filter(pk__in=victim_ids, status=Status.FAILED).delete()[0]

@@ -94,7 +94,7 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        return cast(QuerySet[Any], self.object_list)[:self.cap + 1].count()
+        return cast(QuerySet[Any], self.object_list).order_by()[:self.cap + 1].count()
 
     @property
     def capped(self) -> bool:
