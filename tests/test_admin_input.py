@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 import django_rws_jobs as rws
 from django_rws_jobs import api
-from django_rws_jobs.models import Job
+from django_rws_jobs.models import Job, JobSchedule
 from tests.test_admin import DEAD, JOBS, OVERVIEW, SCHEDULES, make_job, messages_of, now
 
 pytestmark = pytest.mark.django_db
@@ -59,6 +59,16 @@ def test_a_dead_job_with_an_odd_id_is_deleted_from_its_page(admin_client, job_id
     response = admin_client.post(detail.replace("change/", "delete/"), {"post": "yes"})
     assert response.status_code == 302
     assert not Job.objects.filter(pk=job_id).exists()
+
+
+@pytest.mark.parametrize("name", ["nightly_1A", "a:b/c", "50% off", "ünï ☃"])
+def test_a_schedule_row_with_an_odd_name_opens_and_deletes(admin_client, name):
+    JobSchedule.objects.create(name=name, next_run_at=now() + 60, cron="0 * * * * *")  # declared nowhere
+    detail = link_to(admin_client.get(SCHEDULES).content.decode(), "/jobschedule/", "/change/")
+    page = admin_client.get(detail)
+    assert page.status_code == 200 and page.context["original"].pk == name
+    response = admin_client.post(detail.replace("change/", "delete/"), {"post": "yes"})
+    assert response.status_code == 302 and not JobSchedule.objects.filter(pk=name).exists()
 
 
 @pytest.mark.parametrize("seen", ["²", "٣", "-5", "9" * 30, str(2**63), "1e5", " 5", "0x10", "5 "])
