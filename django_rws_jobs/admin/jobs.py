@@ -70,8 +70,8 @@ class QueueFilter(DeclaredChoicesFilter):
     parameter_name = "queue"
 
     def declared(self) -> set[str]:
-        return {"default"} | {str(registry.get(t).options["queue"]) for t in registry.job_types()
-                              if "queue" in registry.get(t).options}
+        options = [registry.get(t).options for t in registry.job_types()]
+        return {"default"} | {o["queue"] for o in options if isinstance(o.get("queue"), str)}
 
 
 class JobTypeFilter(DeclaredChoicesFilter):
