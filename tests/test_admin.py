@@ -192,9 +192,11 @@ def test_jobs_list_filters_and_search(admin_client):
         response = admin_client.get(f"{JOBS}?{query}")
         assert response.status_code == 200, query
         assert set(result_ids(response)) == expected, query
-    # The filter sidebar offers the queues and job types that exist.
+    # The filter sidebar offers the queues and job types that the code declares (not a scan of
+    # the table), and a value chosen elsewhere while it is chosen.
     page = admin_client.get(JOBS).content.decode()
     assert "?queue=mailers" in page and "?job_type=test.mailer" in page
+    assert "?queue=elsewhere" in admin_client.get(f"{JOBS}?queue=elsewhere").content.decode()
 
 
 def test_jobs_list_shows_readable_times_and_the_error(admin_client):
@@ -212,11 +214,16 @@ def test_jobs_list_columns_sort(admin_client):
     make_job("a", due=t + 300, created=t - 1)
     make_job("b", due=t + 100, created=t - 3)
     make_job("c", due=t + 200, created=t - 2)
+    make_job("f", due=t + 400, status="failed")
+    make_job("r", due=t, status="running")
     cl = admin_client.get(JOBS).context["cl"]
-    assert result_ids(admin_client.get(JOBS)) == ["a", "c", "b"]  # newest first by default
+    # By default failed, then pending by due time, then running (the due index's order).
+    assert result_ids(admin_client.get(JOBS)) == ["f", "b", "c", "a", "r"]
+    created = list(cl.list_display).index("created")
+    assert result_ids(admin_client.get(f"{JOBS}?o=-{created}"))[:3] == ["a", "c", "b"]
     due = list(cl.list_display).index("due")
-    assert result_ids(admin_client.get(f"{JOBS}?o={due}")) == ["b", "c", "a"]
-    assert result_ids(admin_client.get(f"{JOBS}?o=-{due}")) == ["a", "c", "b"]
+    assert result_ids(admin_client.get(f"{JOBS}?o={due}")) == ["r", "b", "c", "a", "f"]
+    assert result_ids(admin_client.get(f"{JOBS}?o=-{due}")) == ["f", "a", "c", "b", "r"]
 
 
 @pytest.mark.django_db(transaction=True)  # tick() closes connections, as around a request

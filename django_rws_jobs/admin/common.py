@@ -6,6 +6,8 @@ import time
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import BadRequest
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -60,15 +62,48 @@ class ReadOnlyAdminMixin:
         return False
 
 
+def refuse_nul(request: HttpRequest, *values: str) -> None:
+    """A 400 for a NUL character in a parameter (GET or POST) or in ``values`` (object ids, unquoted).
+
+    No id, queue, job type or schedule name holds one (``enqueue`` refuses it), and PostgreSQL
+    answers a NUL in a query with an error, where the other databases find no row: without
+    this, the same URL was a 500 on one database and "not found" on the others
+    (tests/test_admin_input.py::test_a_nul_anywhere_is_a_400_on_every_database).
+    """
+    params = [*request.GET.lists(), *request.POST.lists()]
+    if any("\x00" in v for v in values) or any(
+            "\x00" in key or any("\x00" in v for v in vs) for key, vs in params):
+        raise BadRequest("a parameter or id contains a NUL character, which no job or schedule holds")
+
+
 class QueueDatabaseAdmin(admin.ModelAdmin):
     """Reads and writes through RWS_JOBS['DATABASE'], like the queue itself.
 
     Without this a project whose queue lives on another alias (and has no router for it) would
-    see the default database's empty tables.
+    see the default database's empty tables. Every view refuses a NUL in its input (refuse_nul).
     """
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return super().get_queryset(request).using(queue_alias())
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        refuse_nul(request)
+        return super().changelist_view(request, extra_context)
+
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+                        extra_context: dict[str, Any] | None = None) -> Any:
+        refuse_nul(request, unquote(object_id or ""))
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def delete_view(self, request: HttpRequest, object_id: str,
+                    extra_context: dict[str, Any] | None = None) -> Any:
+        refuse_nul(request, unquote(object_id))
+        return super().delete_view(request, object_id, extra_context)
+
+    def history_view(self, request: HttpRequest, object_id: str,
+                     extra_context: dict[str, Any] | None = None) -> Any:
+        refuse_nul(request, unquote(object_id))
+        return super().history_view(request, object_id, extra_context)
 
 
 def links(request: HttpRequest, model_admin: admin.ModelAdmin) -> dict[str, str | None]:

@@ -6,13 +6,15 @@ Actions touch only rows still on the list, check the user's permissions on the `
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
-from django.core.exceptions import PermissionDenied
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import F, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -23,8 +25,8 @@ from django.utils.translation import gettext_lazy, ngettext
 from .. import api
 from ..db import queue_alias
 from ..models import FailedJob, Job, Status
-from .common import links, now
-from .jobs import JobDisplay
+from .common import links, now, refuse_nul
+from .jobs import JobDisplay, JobTypeFilter, QueueFilter
 
 #: Ids named in one message at most; the rest are counted.
 MAX_IDS_SHOWN = 10
@@ -50,13 +52,24 @@ def _user_id(request: HttpRequest) -> Any:
     return user_id
 
 
+def _seen_until(request: HttpRequest) -> int | None:
+    """The confirmation page's time (unix seconds), None when the form has none; a 400 for
+    anything else than the digits it sends (tests/test_admin_input.py::test_a_bad_seen_until_is_a_400)."""
+    seen = request.POST.get("rws_seen_until", "")
+    if not seen:
+        return None
+    if not re.fullmatch(r"[0-9]{1,19}", seen) or int(seen) > api.INT64_MAX:
+        raise BadRequest(f"rws_seen_until {seen[:40]!r} is not a time in unix seconds (0 to {api.INT64_MAX})")
+    return int(seen)
+
+
 def _selection(request: HttpRequest, queryset: QuerySet[Any]) -> tuple[list[str], list[str]]:
     """(selected ids still on the list, selected ids no longer on it)."""
     if request.POST.get("select_across") == "1":
-        seen = request.POST.get("rws_seen_until", "")
-        if seen.isdigit():
+        seen = _seen_until(request)
+        if seen is not None:
             # Confirming "all N": leave alone what failed after the confirmation page was shown.
-            queryset = queryset.filter(Q(failed_at__lte=int(seen)) | Q(failed_at__isnull=True))
+            queryset = queryset.filter(Q(failed_at__lte=seen) | Q(failed_at__isnull=True))
         return list(queryset.order_by().values_list("pk", flat=True)), []
     chosen = list(dict.fromkeys(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)))
     have = set(queryset.order_by().values_list("pk", flat=True))  # Django filtered it to the chosen
@@ -66,7 +79,7 @@ def _selection(request: HttpRequest, queryset: QuerySet[Any]) -> tuple[list[str]
 @admin.register(FailedJob)
 class FailedJobAdmin(JobDisplay):
     list_display = ("id", "job_type", "queue", "failed", "error", "runs")
-    list_filter = ("queue", "job_type")
+    list_filter = (QueueFilter, JobTypeFilter)
     # Rows a seed writer failed carry no failed_at; they sort after the ones we timed.
     ordering = (F("failed_at").desc(nulls_last=True), "-next_run_at", "-id")
     actions = ("retry_selected", "delete_selected")
@@ -100,18 +113,14 @@ class FailedJobAdmin(JobDisplay):
             self.message_user(request, _("No dead job was retried: the list is empty."), messages.WARNING)
 
     def retry_jobs(self, request: HttpRequest, ids: list[str]) -> None:
-        """Retry each job with api.retry and report what changed and what was skipped, and why."""
+        """Retry the jobs with api.retry_many (a few statements per batch of ids, whatever their
+        number) and report what changed and what was skipped, and why."""
         alias = queue_alias()
-        retried, blocked, vanished = [], [], []
-        for job_id in ids:
-            if api.retry(job_id, using=alias):
-                retried.append(job_id)
-            elif FailedJob.objects.using(alias).filter(pk=job_id).exists():
-                blocked.append(job_id)  # retry() leaves a failed job alone only for its unique key
-            else:
-                vanished.append(job_id)
+        retried, blocked = api.retry_many(ids, using=alias)
+        done = set(retried + blocked)
+        vanished = [job_id for job_id in ids if job_id not in done]
         for batch in _batches(retried):
-            jobs = list(Job.objects.using(alias).filter(pk__in=batch))
+            jobs = list(Job.objects.using(alias).filter(pk__in=batch).only("id", "job_type", "status"))
             LogEntry.objects.log_actions(_user_id(request), jobs, CHANGE,
                                          change_message="Retried from the dead-letter list")
         if retried:
@@ -152,7 +161,7 @@ class FailedJobAdmin(JobDisplay):
         alias = queue_alias()
         deleted, left = 0, []
         for batch in _batches(ids):
-            victims = list(FailedJob.objects.using(alias).filter(pk__in=batch))
+            victims = list(FailedJob.objects.using(alias).filter(pk__in=batch).only("id", "job_type", "status"))
             victim_ids = [v.pk for v in victims]
             # status=failed again: a job retried since the line above is pending now and stays.
             deleted += Job.objects.using(alias).filter(pk__in=victim_ids, status=Status.FAILED).delete()[0]
@@ -247,7 +256,9 @@ class FailedJobAdmin(JobDisplay):
             return HttpResponseNotAllowed(["POST"])
         if not self.may_retry(request):
             raise PermissionDenied
-        self.retry_jobs(request, [object_id])
+        job_id = unquote(object_id)  # the URL holds the admin-quoted id, as Django's own views get it
+        refuse_nul(request, job_id)
+        self.retry_jobs(request, [job_id])
         return HttpResponseRedirect(reverse("admin:django_rws_jobs_failedjob_changelist",
                                             current_app=self.admin_site.name))
 

@@ -50,25 +50,34 @@ class QueueStats:
 
 
 def queue_stats(at: int, using: str | None = None) -> list[QueueStats]:
-    """One row per queue that has jobs, in name order, counted in one query."""
-    pending = Q(status=Status.PENDING)
-    due = pending & Q(next_run_at__lte=at)
-    running = Q(status=Status.RUNNING)
-    lease_expired = running & (Q(locked_until__lt=at) | Q(locked_until__isnull=True))
-    rows = (
-        Job.objects.using(queue_alias(using))
-        .values("queue")
-        .annotate(
-            pending=Count("pk", filter=pending),
-            due=Count("pk", filter=due),
-            running=Count("pk", filter=running),
-            lease_expired=Count("pk", filter=lease_expired),
-            failed=Count("pk", filter=Q(status=Status.FAILED)),
-            oldest_due=Min("next_run_at", filter=due),
-        )
-        .order_by("queue")
+    """One row per queue that has jobs, in name order.
+
+    Two queries: per status and queue, the count, the due count and the oldest due time, from
+    the queue index alone (status, queue and next_run_at are in it: a covering scan, in index
+    order, of a million rows reads no table row); and the expired leases, from the running
+    range of the due index (tests/test_admin_input.py::test_the_overview_reads_the_queue_index_only).
+    """
+    alias = queue_alias(using)
+    due = Q(next_run_at__lte=at)
+    groups = (
+        Job.objects.using(alias)
+        .values("status", "queue")
+        .annotate(n=Count("*"), due=Count("pk", filter=due), oldest_due=Min("next_run_at", filter=due))
+        .order_by("status", "queue")
     )
-    return [QueueStats(**row) for row in rows]
+    stats: dict[str, QueueStats] = {}
+    for row in groups:
+        s = stats.setdefault(row["queue"], QueueStats(row["queue"]))
+        if row["status"] == Status.PENDING:
+            s.pending, s.due, s.oldest_due = row["n"], row["due"], row["oldest_due"]
+        elif row["status"] == Status.RUNNING:
+            s.running = row["n"]
+        elif row["status"] == Status.FAILED:
+            s.failed = row["n"]
+    expired = Job.objects.using(alias).lease_expired(at).values("queue").annotate(n=Count("*")).order_by()
+    for row in expired:
+        stats[row["queue"]].lease_expired = row["n"]
+    return [stats[q] for q in sorted(stats)]
 
 
 def _bars(stats: list[QueueStats]) -> list[dict[str, Any]]:
