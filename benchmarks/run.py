@@ -52,14 +52,17 @@ def reset_database(db: str) -> None:
     if db == "postgres":
         subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc",
                         "DROP DATABASE IF EXISTS rws_bench WITH (FORCE)"], check=True)
-        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", "CREATE DATABASE rws_bench"], check=True)
+        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", "CREATE DATABASE rws_bench"],
+                       check=True)
     elif db == "mysql":
         subprocess.run(["mariadb", "-h", "127.0.0.1", "-uroot", "-e",
-                        "DROP DATABASE IF EXISTS rws_bench; CREATE DATABASE rws_bench CHARACTER SET utf8mb4"], check=True)
+                        "DROP DATABASE IF EXISTS rws_bench; CREATE DATABASE rws_bench CHARACTER SET utf8mb4"],
+                       check=True)
     else:
         for suffix in ("", "-wal", "-shm"):
             Path(HERE / "results" / f"bench.sqlite3{suffix}").unlink(missing_ok=True)
-    subprocess.run([sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v0"], cwd=ROOT, env=env_for(db), check=True)
+    subprocess.run([sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v0"], cwd=ROOT,
+                   env=env_for(db), check=True)
 
 
 def clear() -> None:
@@ -90,8 +93,8 @@ def count_jobs() -> int:
         # status IN (...), not status <> 'failed': two ranges of the due index. The other form
         # read the whole table on MariaDB, a million rows in the "future" workload, inside the
         # measured time (the drain's end is confirmed by this count).
-        c.execute("SELECT COUNT(*) FROM rws_jobs WHERE status IN ('pending', 'running') AND job_type = 'bench.noop' "
-                  "AND next_run_at <= %s", [int(time.time())])
+        c.execute("SELECT COUNT(*) FROM rws_jobs WHERE status IN ('pending', 'running') "
+                  "AND job_type = 'bench.noop' AND next_run_at <= %s", [int(time.time())])
         return c.fetchone()[0]
 
 
@@ -132,7 +135,8 @@ def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
     ids = sorted(enqueue_many([("bench.noop", "")] * n))
     first, last = ids[0], ids[-1]
     proc = subprocess.Popen([sys.executable, "-m", "django", "rws_worker", "--burst", *worker_args],
-                            cwd=ROOT, env=env_for(db), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env_for(db), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
     rss = 0.0
 
     deadline = time.monotonic() + DRAIN_TIMEOUT
@@ -193,8 +197,8 @@ def bulk_rate(m: int) -> float:
 
 
 def latency(db: str, count: int, gap: float, worker_args: list[str]) -> tuple[float, float]:
-    from django_rws_jobs import enqueue
     from benchmarks.benchapp.models import Pickup
+    from django_rws_jobs import enqueue
 
     proc = subprocess.Popen([sys.executable, "-m", "django", "rws_worker", *worker_args],
                             cwd=ROOT, env=env_for(db), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -230,22 +234,23 @@ def fill_future(f: int, bands: int = 0) -> None:
     head = f"INSERT INTO rws_jobs (id, job_type, next_run_at, created_at{', priority' if bands else ''}) "
     with connection.cursor() as c:
         if connection.vendor == "postgresql":
-            c.execute(head + f"SELECT 'future-' || x, 'bench.future', {now + 86400} + x % 100000, {now}{prio} "
-                      f"FROM generate_series(1, {f}) AS x")
+            c.execute(head + f"SELECT 'future-' || x, 'bench.future', {now + 86400} + x % 100000, "
+                      f"{now}{prio} FROM generate_series(1, {f}) AS x")
             # As autovacuum would soon after such an insert; done now so that it does not run
             # during the measurement. The checkpoint likewise: the insert writes about 500 MB of
             # WAL, and the checkpoint it sets off would otherwise write back during the drain.
             c.execute("VACUUM ANALYZE rws_jobs")
             c.execute("CHECKPOINT")
         elif connection.vendor == "mysql":
-            c.execute(head + f"SELECT CONCAT('future-', seq), 'bench.future', {now + 86400} + seq % 100000, {now}"
-                      f"{prio.replace('x', 'seq')} FROM seq_1_to_{f}")
+            c.execute(head + f"SELECT CONCAT('future-', seq), 'bench.future', "
+                      f"{now + 86400} + seq % 100000, {now}{prio.replace('x', 'seq')} FROM seq_1_to_{f}")
             c.execute("ANALYZE TABLE rws_jobs")
             c.fetchall()
             flush_innodb(c)
         else:
             c.execute(f"WITH RECURSIVE s(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM s WHERE x < {f}) " + head
-                      + f"SELECT 'future-' || x, 'bench.future', {now + 86400} + x % 100000, {now}{prio} FROM s")
+                      + f"SELECT 'future-' || x, 'bench.future', {now + 86400} + x % 100000, "
+                      f"{now}{prio} FROM s")
             c.execute("ANALYZE")
 
 
@@ -310,12 +315,13 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
         results["latency_p99"].append(p99)
         clear()
         future_pair(db, args, worker_args, results)
-        print(f"  {db} run {r + 1}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items() if v), file=sys.stderr)
+        latest = ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items() if v)
+        print(f"  {db} run {r + 1}: {latest}", file=sys.stderr)
     med = {k: statistics.median(v) if v else float("nan") for k, v in results.items()}
     # Each future drain against the plain drain run just before it, on the same table: this
     # machine's speed drifts within minutes (see README), and the first workload's drain runs
     # minutes before the future one.
-    shares = [f / b for f, b in zip(results["drain_future"], results["drain_beside"]) if b]
+    shares = [f / b for f, b in zip(results["drain_future"], results["drain_beside"], strict=True) if b]
     med["future_share"] = statistics.median(shares) if shares else float("nan")
     med["future_share_of_first"] = med["drain_future"] / med["drain"] if med["drain"] else float("nan")
     results["future_share"] = shares
@@ -331,7 +337,8 @@ def future_pair(db: str, args: argparse.Namespace, worker_args: list[str], resul
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--db", default="sqlite,postgres,mysql")
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--enqueue", type=int, default=5_000)
@@ -357,30 +364,34 @@ def main() -> None:
         print(json.dumps(run_db(args.db_child, args)))
         return
     speed = min(python_speed() for _ in range(3))
-    out = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}, "
-                      f"a 10M-iteration Python loop takes {speed:.2f} s",
+    out = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
+                      f"Python {platform.python_version()}, a 10M-iteration Python loop takes {speed:.2f} s",
            "args": {k: v for k, v in vars(args).items() if k != "db_child"}, "results": {}}
     for db in args.db.split(","):
         print(f"benchmarking {db} ...", file=sys.stderr)
         child = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--db-child", db], cwd=ROOT,
                                stdout=subprocess.PIPE, text=True, check=True)
         out["results"][db] = json.loads(child.stdout.strip().splitlines()[-1])
-        (HERE / "results" / f"{db}.json").write_text(json.dumps({**out, "results": {db: out["results"][db]}}, indent=2))
+        one = {**out, "results": {db: out["results"][db]}}
+        (HERE / "results" / f"{db}.json").write_text(json.dumps(one, indent=2))
     (HERE / "results" / "latest.json").write_text(json.dumps(out, indent=2))
     print(table(out))
 
 
 def table(out: dict) -> str:
     dbs = list(out["results"])
+    a = out["args"]
     rows = [
-        ("drain %d due no-op jobs, --workers %d (jobs/s)" % (out["args"]["jobs"], out["args"]["workers"]), "drain", "{:,.0f}"),
+        (f"drain {a['jobs']} due no-op jobs, --workers {a['workers']} (jobs/s)", "drain", "{:,.0f}"),
         ("enqueue, one transaction per job (jobs/s)", "enqueue", "{:,.0f}"),
-        ("  the same, PostgreSQL OPTIONS server_side_binding + prepare_threshold", "enqueue_prepared", "{:,.0f}"),
-        ("bulk enqueue_many of %d jobs (jobs/s)" % out["args"]["bulk"], "bulk", "{:,.0f}"),
+        ("  the same, PostgreSQL OPTIONS server_side_binding + prepare_threshold", "enqueue_prepared",
+         "{:,.0f}"),
+        (f"bulk enqueue_many of {a['bulk']} jobs (jobs/s)", "bulk", "{:,.0f}"),
         ("pickup latency p50 (ms; MariaDB with --poll-interval 0.01)", "latency_p50", "{:.1f}"),
         ("pickup latency p99 (ms)", "latency_p99", "{:.1f}"),
-        ("drain %d due with %d future jobs (jobs/s)" % (out["args"]["future_due"], out["args"]["future"]), "drain_future", "{:,.0f}"),
-        ("  as a share of the plain drain run just before it (median of the runs' shares)", "future_share", "{:.0%}"),
+        (f"drain {a['future_due']} due with {a['future']} future jobs (jobs/s)", "drain_future", "{:,.0f}"),
+        ("  as a share of the plain drain run just before it (median of the runs' shares)", "future_share",
+         "{:.0%}"),
         ("  as a share of the first row's drain (medians)", "future_share_of_first", "{:.0%}"),
         ("worker peak RSS (MB)", "rss", "{:.0f}"),
     ]

@@ -16,8 +16,8 @@ DB = os.environ.get("RWS_BENCH_DB", "sqlite")
 if DB == "sqlite":
     DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(RESULTS / "bench.sqlite3")}}
 elif DB == "postgres":
-    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "rws_bench", "USER": "postgres",
-                             "HOST": "127.0.0.1", "PORT": "5432"}}
+    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "rws_bench",
+                             "USER": "postgres", "HOST": "127.0.0.1", "PORT": "5432"}}
 elif DB == "mysql":
     DATABASES = {"default": {"ENGINE": "django.db.backends.mysql", "NAME": "rws_bench", "USER": "root",
                              "HOST": "127.0.0.1", "PORT": "3306", "OPTIONS": {"charset": "utf8mb4"}}}
