@@ -1,4 +1,4 @@
-"""SPEC 7: tables that rust-web-server created first are adopted by `migrate` with every row, and
+"""Tables that rust-web-server created first are adopted by `migrate` with every row, and
 its rows then run on our worker."""
 
 import os
@@ -12,7 +12,7 @@ from django.db import connection, connections
 from tests.conftest import ROOT, start_worker, subprocess_env
 from tests.settings import TMP
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # migrate in child processes
 
 VENDOR = connection.vendor
 
