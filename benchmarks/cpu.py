@@ -1,6 +1,7 @@
 """The worker's CPU time per job, and what its claims and completions look like, in one drain.
 
-    scripts/bench cpu [sqlite|postgres|mysql] [--jobs N] [--workers W] [--repeat R] [--future F [--future-bands B]]
+    scripts/bench cpu [sqlite|postgres|mysql] [--jobs N] [--workers W] [--repeat R]
+                      [--future F [--future-bands B]]
 
 Runs `rws_worker --burst` in this process over N due no-op jobs and reports the rate, the
 process's CPU time (user + system) per job and each role's share of it (the dispatcher, the
@@ -28,12 +29,14 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("db", nargs="?", default="postgres", choices=["sqlite", "postgres", "mysql"])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--future", type=int, default=0, help="not-yet-due jobs in the table during the drains")
+    parser.add_argument("--future", type=int, default=0,
+                        help="not-yet-due jobs in the table during the drains")
     parser.add_argument("--future-bands", type=int, default=0,
                         help="spread the future jobs over this many priorities above the due jobs'")
     args = parser.parse_args()
@@ -95,12 +98,15 @@ def main() -> None:
         t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         print(f"{args.db} run {run + 1}: {args.jobs / (t1 - t0):,.0f} jobs/s, worker CPU "
-              f"{cpu / args.jobs * 1e6:.0f} us/job (system {(r1.ru_stime - r0.ru_stime) / args.jobs * 1e6:.0f})")
-        print("  CPU by thread (us/job): " + ", ".join(f"{k} {v / args.jobs * 1e6:.0f}" for k, v in roles.most_common()))
-        print(f"  claims by size {sorted(claims.items())}; completions by size {sorted(completions.items())[:8]}")
+              f"{cpu / args.jobs * 1e6:.0f} us/job "
+              f"(system {(r1.ru_stime - r0.ru_stime) / args.jobs * 1e6:.0f})")
+        by_role = ", ".join(f"{k} {v / args.jobs * 1e6:.0f}" for k, v in roles.most_common())
+        print("  CPU by thread (us/job): " + by_role)
+        print(f"  claims by size {sorted(claims.items())}; "
+              f"completions by size {sorted(completions.items())[:8]}")
         for label, values in (("claim", claim_s), ("completion", complete_s)):
-            print(f"  {label}: p50 {percentile(values, 0.5) * 1e6:.0f} us, p90 {percentile(values, 0.9) * 1e6:.0f} us, "
-                  f"p99 {percentile(values, 0.99) * 1e6:.0f} us")
+            print(f"  {label}: p50 {percentile(values, 0.5) * 1e6:.0f} us, "
+                  f"p90 {percentile(values, 0.9) * 1e6:.0f} us, p99 {percentile(values, 0.99) * 1e6:.0f} us")
 
 
 if __name__ == "__main__":

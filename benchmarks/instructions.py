@@ -30,7 +30,6 @@ DRAIN = ("import django; django.setup()\n"
 
 def instructions(db: str, n: int) -> int:
     from benchmarks.run import clear, env_for
-
     from django_rws_jobs import enqueue_many
 
     clear()
@@ -38,7 +37,8 @@ def instructions(db: str, n: int) -> int:
     from django.db import connections
 
     connections.close_all()
-    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", DRAIN],
+    valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
+    out = subprocess.run([*valgrind, sys.executable, "-c", DRAIN],
                          cwd=ROOT, env=env_for(db), capture_output=True, text=True, check=True)
     found = re.search(r"Collected : ([\d,]+)", out.stderr)
     if found is None:
@@ -47,7 +47,8 @@ def instructions(db: str, n: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("db", nargs="?", default="sqlite", choices=["sqlite", "postgres", "mysql"])
     parser.add_argument("--jobs", type=int, default=2000)
     args = parser.parse_args()

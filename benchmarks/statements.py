@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("db", nargs="?", default="postgres", choices=["sqlite", "postgres", "mysql"])
     parser.add_argument("--jobs", type=int, default=30_000)
     parser.add_argument("--rounds", type=int, default=300)

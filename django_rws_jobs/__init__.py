@@ -1,72 +1,87 @@
 """django-rws-jobs: a persistent job queue in your Django database.
 
 The public API. Functions import their modules on call, so this package can be imported before
-Django's app registry is ready (in a ``jobs.py`` or a settings-time import).
+Django's app registry is ready (in a ``jobs.py`` or a settings-time import). Each wrapper has the
+signature of the function it calls (tests/test_registry.py::test_public_functions_have_real_signatures).
 """
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .registry import job, register
 
 if TYPE_CHECKING:
     from .models import Job
+    from .schedules import Schedule
 
-__all__ = ["job", "register", "enqueue", "enqueue_many", "jobs", "failed_jobs", "retry", "delete", "tick", "tick_schedules"]
+__all__ = [
+    "job", "register", "enqueue", "enqueue_many", "jobs", "failed_jobs", "retry", "delete", "tick",
+    "tick_schedules",
+]
 
 
-def enqueue(job_type: str, payload: str = "", **options: Any) -> str:
-    """Store a job and return its id (options: queue, priority, run_at, run_in, unique, max_retries, using)."""
+def enqueue(job_type: str, payload: str = "", *, queue: str | None = None, priority: int | None = None,
+            run_at: dt.datetime | None = None, run_in: dt.timedelta | float | None = None,
+            unique: str | None = None, max_retries: int | None = None, using: str | None = None) -> str:
+    """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
+
+    With ``unique=key``, while a job of this type and key is pending or running nothing is
+    inserted and that job's id is returned.
+    """
     from .api import enqueue as _enqueue
 
-    return _enqueue(job_type, payload, **options)
+    return _enqueue(job_type, payload, queue=queue, priority=priority, run_at=run_at, run_in=run_in,
+                    unique=unique, max_retries=max_retries, using=using)
 
 
-def enqueue_many(jobs: Any, **options: Any) -> list[str]:
+def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: int = 1000) -> list[str]:
     """Store many jobs in one go (items: job_type, (job_type, payload) or a dict of enqueue's arguments)."""
     from .api import enqueue_many as _enqueue_many
 
-    return _enqueue_many(jobs, **options)
+    return _enqueue_many(jobs, using=using, batch_size=batch_size)
 
 
-def jobs(status: str | None = None, limit: int = 100, **options: Any) -> list[Job]:
+def jobs(status: str | None = None, limit: int = 100, *, using: str | None = None) -> list[Job]:
     """Jobs with ``status`` (all when None), highest priority and earliest due first, at most ``limit``."""
     from .api import jobs as _jobs
 
-    return _jobs(status, limit, **options)
+    return _jobs(status, limit, using=using)
 
 
-def failed_jobs(limit: int = 100, **options: Any) -> list[Job]:
+def failed_jobs(limit: int = 100, *, using: str | None = None) -> list[Job]:
     """The dead-letter list: jobs that exhausted their retries."""
     from .api import failed_jobs as _failed
 
-    return _failed(limit, **options)
+    return _failed(limit, using=using)
 
 
-def retry(job_id: str, **options: Any) -> bool:
-    """Put a failed job back in the queue, due now, attempts reset."""
+def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
+    """Put a failed job back in the queue, due now (or at ``now``), attempts reset."""
     from .api import retry as _retry
 
-    return _retry(job_id, **options)
+    return _retry(job_id, using=using, now=now)
 
 
-def delete(job_id: str, **options: Any) -> bool:
+def delete(job_id: str, *, using: str | None = None) -> bool:
     """Delete a job that is not running."""
     from .api import delete as _delete
 
-    return _delete(job_id, **options)
+    return _delete(job_id, using=using)
 
 
-def tick(**options: Any) -> bool:
+def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     """Claim and run one due job in the calling thread; False when none is due."""
     from .api import tick as _tick
 
-    return _tick(**options)
+    return _tick(queues=queues, using=using)
 
 
-def tick_schedules(now: int | None = None, **options: Any) -> int:
+def tick_schedules(now: int | None = None, *, using: str | None = None,
+                   schedules: list[Schedule] | None = None) -> int:
     """Enqueue the cron jobs that are due, each due time once across all processes."""
     from .schedules import tick_schedules as _tick_schedules
 
-    return _tick_schedules(now, **options)
+    return _tick_schedules(now, using=using, schedules=schedules)

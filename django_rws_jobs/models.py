@@ -99,8 +99,9 @@ class Job(models.Model):
                          name="rws_jobs_queue_idx"),
             # No index for lease recovery (migration 0006 dropped rws_jobs_lease_idx): it reads
             # the 'running' range of the indexes above (the running jobs' rows), while an index
-            # of its own cost every claim and every deletion more index writes (a SQLite drain
-            # about 7% faster without it, measured).
+            # of its own cost every claim and every deletion more index writes. Their plans are
+            # pinned by tests/test_explain.py's
+            # test_lease_statements_read_only_running_rows_with_a_million_future_rows.
         ]
         constraints = [
             models.UniqueConstraint(fields=["unique_hash"], name="rws_jobs_unique_active"),

@@ -9,6 +9,34 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--all", action="store_true", default=False,
+                     help="also run the tests marked slow (scripts/test and CI pass it)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A plain ``pytest`` is the fast lane: when pytest picks the tests itself (no paths given), the
+    tests marked slow are left out unless ``--all`` or a ``-m`` expression asks for them. Naming a
+    file or a test runs it whole."""
+    if not _fast_lane(config):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if _fast_lane(config):
+        return "fast lane: tests marked slow are left out; `pytest --all` (or scripts/test) runs every test"
+    return None
+
+
+def _fast_lane(config: pytest.Config) -> bool:
+    explicit = config.args_source == pytest.Config.ArgsSource.ARGS
+    return not (config.getoption("--all") or config.getoption("markexpr") or explicit)
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for a child process that uses this test run's database."""
     env = dict(os.environ)

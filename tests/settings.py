@@ -109,5 +109,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_rws_jobs": {"handlers": ["stderr"], "level": os.environ.get("RWS_LOG_LEVEL", "WARNING")}},
+    "loggers": {
+        "django_rws_jobs": {"handlers": ["stderr"], "level": os.environ.get("RWS_LOG_LEVEL", "WARNING")},
+    },
 }

@@ -562,7 +562,8 @@ def test_the_admin_index_links_to_the_queue_overview(client, django_user_model):
     index = client.get("/admin/")
     assert "/admin/django_rws_jobs/queueoverview/" in index.content.decode()
     response = client.get("/admin/django_rws_jobs/queueoverview/")
-    assert response.status_code == 302 and response["Location"].endswith("/admin/django_rws_jobs/job/overview/")
+    assert response.status_code == 302
+    assert response["Location"].endswith("/admin/django_rws_jobs/job/overview/")
     nobody = django_user_model.objects.create_user("nobody-ov", password="pw", is_staff=True)
     client.force_login(nobody)
     assert "queueoverview" not in client.get("/admin/").content.decode()

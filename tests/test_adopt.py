@@ -1,4 +1,4 @@
-"""SPEC 7: tables that rust-web-server created first are adopted by `migrate` with every row, and
+"""Tables that rust-web-server created first are adopted by `migrate` with every row, and
 its rows then run on our worker."""
 
 import os
@@ -12,7 +12,7 @@ from django.db import connection, connections
 from tests.conftest import ROOT, start_worker, subprocess_env
 from tests.settings import TMP
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # migrate in child processes
 
 VENDOR = connection.vendor
 
@@ -24,8 +24,8 @@ RUST_JOBS = ("CREATE TABLE IF NOT EXISTS rws_jobs "
              "created_at BIGINT NOT NULL, last_error TEXT, "
              "queue VARCHAR(64) NOT NULL DEFAULT 'default', priority BIGINT NOT NULL DEFAULT 0, "
              "unique_key VARCHAR(191))")
-RUST_UPGRADE = [("queue", "VARCHAR(64) NOT NULL DEFAULT 'default'"), ("priority", "BIGINT NOT NULL DEFAULT 0"),
-                ("unique_key", "VARCHAR(191)")]
+RUST_UPGRADE = [("queue", "VARCHAR(64) NOT NULL DEFAULT 'default'"),
+                ("priority", "BIGINT NOT NULL DEFAULT 0"), ("unique_key", "VARCHAR(191)")]
 RUST_SCHEDULES = ("CREATE TABLE IF NOT EXISTS rws_job_schedules "
                   "(name VARCHAR(191) PRIMARY KEY, next_run_at BIGINT NOT NULL)")
 # Before 18.35: the same table without queue, priority and unique_key.
@@ -38,7 +38,8 @@ RUST_JOBS_DOC = ("CREATE TABLE IF NOT EXISTS rws_jobs (id TEXT PRIMARY KEY, job_
 SEED_INSERT_9 = ("INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
                  "created_at, last_error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)")
 SEED_INSERT = ("INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
-               "created_at, queue, priority, unique_key) VALUES (%s, %s, %s, 'pending', 0, %s, %s, %s, %s, %s, %s)")
+               "created_at, queue, priority, unique_key) "
+               "VALUES (%s, %s, %s, 'pending', 0, %s, %s, %s, %s, %s, %s)")
 
 FORMS = {
     "v18_36": RUST_JOBS,
@@ -144,10 +145,11 @@ def test_migrate_adopts_a_table_rust_created_and_keeps_every_row(rust_db, form):
         "queue, priority, unique_key, unique_hash, locked_by FROM rws_jobs")}
     expected = {row[0]: (*row[1:], "default", 0, None, None, None) for row in rows}
     if form == "v18_36":
-        expected["r-urgent"] = ("test.record", "urgent", "pending", 0, 3, now - 1, now - 1, None, "mail", 7, "k-1",
-                                None, None)
+        expected["r-urgent"] = ("test.record", "urgent", "pending", 0, 3, now - 1, now - 1, None, "mail", 7,
+                                "k-1", None, None)
     assert got == expected
-    assert db.execute("SELECT name, next_run_at, cron FROM rws_job_schedules") == [("nightly", now + 60, None)]
+    schedules = db.execute("SELECT name, next_run_at, cron FROM rws_job_schedules")
+    assert schedules == [("nightly", now + 60, None)]
     with db.conn.cursor() as c:
         constraints = db.conn.introspection.get_constraints(c, "rws_jobs")
     for name in ("rws_jobs_claim_idx", "rws_jobs_due_idx", "rws_jobs_queue_idx", "rws_jobs_unique_active"):

@@ -14,6 +14,7 @@ import tempfile
 import time
 
 import pytest
+
 from tests.conftest import ROOT, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
@@ -46,10 +47,11 @@ def private_pg():
     start = _as_postgres(ctl, "-D", datadir, "-o", opts, "-l", f"{datadir}/log", "-w", "start")
     subprocess.run(start, check=True, capture_output=True)
     try:
-        subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-c", "CREATE DATABASE rws_restart"],
-                       check=True, capture_output=True)
+        subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres",
+                        "-c", "CREATE DATABASE rws_restart"], check=True, capture_output=True)
         yield {"restart": lambda: subprocess.run(
-            _as_postgres(ctl, "-D", datadir, "-o", opts, "-l", f"{datadir}/log", "-m", "fast", "-w", "restart"),
+            _as_postgres(ctl, "-D", datadir, "-o", opts, "-l", f"{datadir}/log", "-m", "fast", "-w",
+                         "restart"),
             check=True, capture_output=True)}
     finally:
         subprocess.run(_as_postgres(ctl, "-D", datadir, "-m", "immediate", "stop"), capture_output=True)
@@ -65,7 +67,8 @@ def _psql(sql: str) -> str:
 def test_worker_carries_on_after_postgres_restarts(private_pg, tmp_path):
     env = subprocess_env(PGPORT=PORT, RWS_TEST_DB_NAME="rws_restart",
                          RWS_TEST_JOBS='{"LEASE_SECONDS": 5, "RECOVERY_INTERVAL": 1}')
-    subprocess.run([sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v0"], cwd=ROOT, env=env, check=True)
+    subprocess.run([sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v0"], cwd=ROOT, env=env,
+                   check=True)
     n = 300
     code = (
         "import django; django.setup()\n"
@@ -74,8 +77,8 @@ def test_worker_carries_on_after_postgres_restarts(private_pg, tmp_path):
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
     log = tmp_path / "worker.log"
-    worker = subprocess.Popen([sys.executable, "-m", "django", "rws_worker", "--workers", "2"], cwd=ROOT, env=env,
-                              stdout=log.open("w"), stderr=subprocess.STDOUT)
+    worker = subprocess.Popen([sys.executable, "-m", "django", "rws_worker", "--workers", "2"], cwd=ROOT,
+                              env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and int(_psql("SELECT count(*) FROM testapp_run") or 0) < 20:

@@ -11,8 +11,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def make(status="pending", **kw):
     job_id = rws.enqueue(kw.pop("job_type", "x"), **kw)
     if status != "pending":
-        Job.objects.filter(id=job_id).update(status=status, attempts=4,
-                                             unique_hash=None if status == "failed" else Job.objects.get(id=job_id).unique_hash)
+        digest = None if status == "failed" else Job.objects.get(id=job_id).unique_hash
+        Job.objects.filter(id=job_id).update(status=status, attempts=4, unique_hash=digest)
     return job_id
 
 

@@ -170,7 +170,8 @@ def test_enqueue_reconnects_after_the_connection_was_closed():
     first = rws.enqueue("x", "1")
     connection.close()
     second = rws.enqueue("x", "2")
-    assert list(Job.objects.filter(id__in=[first, second]).order_by("id").values_list("payload", flat=True)) == ["1", "2"]
+    payloads = Job.objects.filter(id__in=[first, second]).order_by("id").values_list("payload", flat=True)
+    assert list(payloads) == ["1", "2"]
 
 
 def test_enqueue_in_a_transaction_broken_by_an_error_is_refused():
@@ -274,7 +275,8 @@ def test_enqueue_many_stores_any_text_exactly():
     assert [stored[i] for i in ids] == [(f"t'{i}", t, "q\\'") for i, t in enumerate(texts)] * 2
 
 
-def test_enqueue_many_error_in_a_later_batch_rolls_back_the_call_and_leaves_the_connection_usable(monkeypatch):
+def test_enqueue_many_error_in_a_later_batch_rolls_back_the_call_and_leaves_the_connection_usable(
+        monkeypatch):
     """The MySQL path sends each batch before building the next; a batch the database refuses
     must surface as Django's IntegrityError, leave nothing of the call, and leave the connection
     in step for the next statement. (PostgreSQL's COPY must raise Django's error too.)"""

@@ -139,7 +139,7 @@ def test_claim_statements_are_index_ranges_with_a_million_future_rows():
                 assert "rws_jobs_due_idx" in text, text
                 assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
         text = plan(*top_priority_select(None, None))
-        assert "rws_jobs_claim_idx" in text or "Select tables optimized away" in text or "optimized away" in text, text
+        assert "rws_jobs_claim_idx" in text or "optimized away" in text, text
         assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
         text = plan(*top_priority_select(None, 2))
         assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
@@ -227,8 +227,8 @@ def test_lease_statements_read_only_running_rows_with_a_million_future_rows():
     now = fill(FUTURE_ROWS, 0)
     with connection.cursor() as c:
         for i in range(20):
-            c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at, status, locked_by, locked_until) "
-                      "VALUES (%s, 't', %s, %s, 'running', %s, %s)",
+            c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at, status, locked_by, "
+                      "locked_until) VALUES (%s, 't', %s, %s, 'running', %s, %s)",
                       [f"r{i}", now - 60, now - 60, f"w#{i % 3}", now + (60 if i % 2 else -5)])
     analyze()
     statements = []
@@ -252,7 +252,8 @@ def test_lease_statements_read_only_running_rows_with_a_million_future_rows():
             access = re.findall(r'"access_type": "(\w+)"', text)
             keys = re.findall(r'"key": "(\w+)"', text)
             assert access and set(access) <= {"ref", "range"}, text
-            assert keys and set(keys) <= {"rws_jobs_claim_idx", "rws_jobs_due_idx", "rws_jobs_queue_idx"}, text
+            indexes = {"rws_jobs_claim_idx", "rws_jobs_due_idx", "rws_jobs_queue_idx"}
+            assert keys and set(keys) <= indexes, text
         elif connection.vendor == "postgresql":
             assert "Seq Scan" not in text, text
             assert any("Index Cond" in line and "status" in line for line in text.splitlines()), text
@@ -263,7 +264,8 @@ def test_lease_statements_read_only_running_rows_with_a_million_future_rows():
         assert any("Index Cond" in line and "status" in line for line in text.splitlines()), text
 
 
-@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL prepared statements")
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres",
+                    reason="PostgreSQL prepared statements")
 @pytest.mark.parametrize("rows", [0, 10])
 def test_prepared_claims_are_index_ranges_on_a_small_table(rows):
     # A worker that starts on an empty queue prepares its claim then: the plan must still be the
@@ -272,7 +274,8 @@ def test_prepared_claims_are_index_ranges_on_a_small_table(rows):
     assert_prepared_claims_are_index_ranges(now)
 
 
-@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL planner settings")
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres",
+                    reason="PostgreSQL planner settings")
 def test_claim_keeps_to_the_claim_index_with_statistics_from_before_a_burst():
     # Statistics taken while due times were all different, then a burst of jobs enqueued in one
     # second (one next_run_at) before autovacuum analyzes again: left to itself PostgreSQL read
@@ -282,7 +285,8 @@ def test_claim_keeps_to_the_claim_index_with_statistics_from_before_a_burst():
     now = int(time.time())
     with connection.cursor() as c:
         c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at) "
-                  "SELECT 'a' || x, 't', %s + x, %s FROM generate_series(1, 3000) AS g(x)", [now - 10000, now - 10000])
+                  "SELECT 'a' || x, 't', %s + x, %s FROM generate_series(1, 3000) AS g(x)",
+                  [now - 10000, now - 10000])
     analyze()
     with connection.cursor() as c:
         c.execute("DELETE FROM rws_jobs")

@@ -61,7 +61,8 @@ def expected_error(kind: str) -> str:
     if kind == "nul":
         return "FileNotFoundError: cannot open a\\x00b"
     keep = 16_000 - len("\n[... 0000000 characters cut ...]\n")
-    return "FileNotFoundError: cannot open " + "x" * (keep - 31) + f"\n[... {1_000_031 - keep} characters cut ...]\n"
+    cut = f"\n[... {1_000_031 - keep} characters cut ...]\n"
+    return "FileNotFoundError: cannot open " + "x" * (keep - 31) + cut
 
 
 @pytest.mark.parametrize("kind", sorted(UNSTORABLE))
@@ -92,7 +93,8 @@ def test_unstorable_errors_do_not_stall_the_completer(runs):
     assert "died" not in out and "worker lost" not in out, out
     assert sorted(p for _, p in runs()) == ["0", "1", "2", "3", "4"]
     stored = dict(Job.objects.values_list("id", "last_error"))
-    assert stored == {job_id: expected_error(kind) for job_id, kind in zip(dead, sorted(UNSTORABLE))}
+    kinds = zip(dead, sorted(UNSTORABLE), strict=True)
+    assert stored == {job_id: expected_error(kind) for job_id, kind in kinds}
 
 
 # A check that refuses any non-ASCII last_error: stands for a value one database will not store.

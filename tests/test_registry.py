@@ -20,7 +20,9 @@ def test_register_same_function_twice_is_fine_a_different_one_raises():
 
     r.register("t", a)
     r.register("t", a)
-    with pytest.raises(ValueError, match=r"job_type 't' is already registered to .*\.a; cannot register .*\.b"):
+    with pytest.raises(
+        ValueError, match=r"job_type 't' is already registered to .*\.a; cannot register .*\.b"
+    ):
         r.register("t", b)
 
 
@@ -43,3 +45,23 @@ def test_public_decorator_and_register():
             register("tests.registry.decorated", lambda p: None)
     finally:
         registry.unregister("tests.registry.decorated")
+
+
+@pytest.mark.parametrize(
+    "name", ["enqueue", "enqueue_many", "jobs", "failed_jobs", "retry", "delete", "tick", "tick_schedules"]
+)
+def test_public_functions_have_real_signatures(name):
+    """The wrappers in django_rws_jobs/__init__.py name every keyword of the function they call, with
+    its default, so editors and type checkers see them (no ``**options``)."""
+    import inspect
+
+    import django_rws_jobs
+    from django_rws_jobs import api, schedules
+
+    def shape(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    wrapper = shape(getattr(django_rws_jobs, name))
+    target = shape(getattr(schedules if name == "tick_schedules" else api, name))
+    assert wrapper == target
+    assert all(kind != inspect.Parameter.VAR_KEYWORD for _, kind, _ in wrapper)

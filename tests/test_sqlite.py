@@ -51,7 +51,8 @@ def test_other_sqlite_aliases_keep_their_settings(tmp_path, setting, set_up):
     assert proc.returncode == 0, out
     seen = json.loads(out.strip().splitlines()[-1])
     if set_up:
-        want = {"journal_mode": "wal", "synchronous": 1, "busy_timeout": 30000, "transaction_mode": "IMMEDIATE"}
+        want = {"journal_mode": "wal", "synchronous": 1, "busy_timeout": 30000,
+                "transaction_mode": "IMMEDIATE"}
     else:  # SQLite's and Django's defaults
         want = {"journal_mode": "delete", "synchronous": 2, "busy_timeout": 5000, "transaction_mode": None}
     assert seen == want

@@ -66,7 +66,8 @@ def test_a_one_queue_claim_takes_its_queue_in_order_whatever_the_queue_name():
     assert [(j.payload, j.queue) for j in claimed] == [("odd2", odd), ("odd1", odd)]
     claimed = Store(connection).claim("w#2", now, now + 60, [odd], 2)
     assert [(j.payload, j.queue) for j in claimed] == [("odd0", odd)]
-    assert sorted(Job.objects.filter(status="pending").values_list("payload", flat=True)) == ["other", "prefix"]
+    pending = Job.objects.filter(status="pending").values_list("payload", flat=True)
+    assert sorted(pending) == ["other", "prefix"]
 
 
 def test_handler_runs_outside_any_transaction(runs):
@@ -417,8 +418,9 @@ def test_more_future_only_bands_than_a_walk_passes_still_find_the_due_band(queue
     with connection.cursor() as c:  # one future job in each of more bands than a walk passes
         now = int(time.time())
         for p in range(1, MAX_BAND_WALK + 11):
-            c.execute("INSERT INTO rws_jobs (id, job_type, payload, next_run_at, created_at, priority, queue) "
-                      "VALUES (%s, 'test.record', '', %s, %s, %s, 'default')", [f"f{p}", now + 3600, now, p])
+            c.execute("INSERT INTO rws_jobs (id, job_type, payload, next_run_at, created_at, priority, "
+                      "queue) VALUES (%s, 'test.record', '', %s, %s, %s, 'default')",
+                      [f"f{p}", now + 3600, now, p])
     other = rws.enqueue("test.record", "other queue", priority=0, queue="other")
     due = [rws.enqueue("test.record", f"due-{i}", priority=-i) for i in range(2)]
     store = Store(connection)
@@ -437,7 +439,8 @@ def test_many_bands_of_future_jobs_do_not_make_a_claim_walk_them_all():
     now = int(time.time())
     for probe_first in (True, False):
         with CaptureQueriesContext(connection) as queries:
-            claimed = Store(connection).claim(f"w#{probe_first}", now, now + 60, None, 1, probe_first=probe_first)
+            claimed = Store(connection).claim(f"w#{probe_first}", now, now + 60, None, 1,
+                                              probe_first=probe_first)
         assert [j.id for j in claimed] == [due]
         assert len(queries) <= 20, [q["sql"] for q in queries]
         Job.objects.filter(id=due).update(status="pending")

@@ -37,7 +37,7 @@ class WorkerProcess:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise AssertionError(f"worker did not exit within {timeout}s:\n{self.output()}")
+            raise AssertionError(f"worker did not exit within {timeout}s:\n{self.output()}") from None
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
@@ -350,7 +350,8 @@ def test_worker_bookkeeping_connection_settings_on_postgres(settings):
         from django_rws_jobs.store import due_band_select
 
         with conn.cursor() as c:
-            c.execute("EXPLAIN " + due_band_select(None, None, 0, "postgresql")[0], due_band_select(None, None, 0)[1])
+            sql, params = due_band_select(None, None, 0, "postgresql")[0], due_band_select(None, None, 0)[1]
+            c.execute("EXPLAIN " + sql, params)
             text = "\n".join(r[0] for r in c.fetchall())
         assert float(text.split("..")[1].split()[0]) > float(show(conn, "jit_above_cost")), text
         assert "JIT" not in text, text
@@ -380,7 +381,8 @@ def test_worker_prepares_its_hot_statements_only_with_server_side_binding(settin
         claimer = Store(private_connection("default"))
         try:
             for i in range(6):
-                claimer.complete_many(claimer.claim(f"t{i}", int(time.time()), int(time.time()) + 60, None, 2))
+                now = int(time.time())
+                claimer.complete_many(claimer.claim(f"t{i}", now, now + 60, None, 2))
             with claimer.conn.cursor() as c:
                 c.execute("SELECT statement FROM pg_prepared_statements")
                 return [r[0].split(" WHERE")[0] for r in c.fetchall()]
