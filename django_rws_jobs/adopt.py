@@ -1,4 +1,4 @@
-"""Taking over tables that rust-web-server created first (SPEC 7).
+"""Taking over tables that rust-web-server created first, keeping every row (tests/test_adopt.py).
 
 The Rust crate creates ``rws_jobs`` and ``rws_job_schedules`` when it starts, in one of two forms:
 before 18.35 the jobs table has the seed's nine columns; from 18.36 on it also has ``queue``,

@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        # The tables may exist already, created by rust-web-server: then they are adopted (SPEC 7).
+        # The tables may exist already, created by rust-web-server: then they are adopted (adopt.py; tests/test_adopt.py).
         CreateOrAdoptModel(
             name='JobSchedule',
             fields=[
