@@ -31,8 +31,9 @@ ROOT = HERE.parent
 
 
 def env_for(db: str, **extra: str) -> dict[str, str]:
-    env = dict(os.environ, DJANGO_SETTINGS_MODULE="benchmarks.settings", RWS_BENCH_DB=db,
-               PYTHONPATH=str(ROOT))
+    env = dict(
+        os.environ, DJANGO_SETTINGS_MODULE="benchmarks.settings", RWS_BENCH_DB=db, PYTHONPATH=str(ROOT)
+    )
     env.update(extra)
     return env
 
@@ -51,16 +52,42 @@ def reset_database(db: str) -> None:
     name = connections["default"].settings_dict["NAME"]
     connections.close_all()  # our own connection would keep the database from being dropped
     if db == "postgres":
-        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc",
-                        f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], check=True)
-        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {name}"], check=True)
+        subprocess.run(
+            [
+                "psql",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-qc",
+                f"DROP DATABASE IF EXISTS {name} WITH (FORCE)",
+            ],
+            check=True,
+        )
+        subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {name}"], check=True
+        )
     elif db == "mysql":
-        subprocess.run(["mariadb", "-h", "127.0.0.1", "-uroot", "-e",
-                        f"DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name} CHARACTER SET utf8mb4"], check=True)
+        subprocess.run(
+            [
+                "mariadb",
+                "-h",
+                "127.0.0.1",
+                "-uroot",
+                "-e",
+                f"DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name} CHARACTER SET utf8mb4",
+            ],
+            check=True,
+        )
     else:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{name}{suffix}").unlink(missing_ok=True)
-    subprocess.run([sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v0"], cwd=ROOT, env=env_for(db), check=True)
+    subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v0"],
+        cwd=ROOT,
+        env=env_for(db),
+        check=True,
+    )
 
 
 def clear() -> None:
@@ -91,8 +118,11 @@ def count_jobs() -> int:
         # status IN (...), not status <> 'failed': two ranges of the due index. The other form
         # read the whole table on MariaDB, a million rows in the "future" workload, inside the
         # measured time (the drain's end is confirmed by this count).
-        c.execute("SELECT COUNT(*) FROM rws_jobs WHERE status IN ('pending', 'running') AND job_type = 'bench.noop' "
-                  "AND next_run_at <= %s", [int(time.time())])
+        c.execute(
+            "SELECT COUNT(*) FROM rws_jobs WHERE status IN ('pending', 'running') "
+            "AND job_type = 'bench.noop' AND next_run_at <= %s",
+            [int(time.time())],
+        )
         return c.fetchone()[0]
 
 
@@ -132,20 +162,30 @@ def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
 
     ids = sorted(enqueue_many([("bench.noop", "")] * n))
     first, last = ids[0], ids[-1]
-    proc = subprocess.Popen([sys.executable, "-m", "django", "rws_worker", "--burst", *worker_args],
-                            cwd=ROOT, env=env_for(db), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "django", "rws_worker", "--burst", *worker_args],
+        cwd=ROOT,
+        env=env_for(db),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     rss = 0.0
 
     deadline = time.monotonic() + DRAIN_TIMEOUT
 
     def check_alive() -> None:
         if proc.poll() is not None and count_jobs() != 0:  # look again: it may have just finished
-            raise RuntimeError(f"worker exited with {proc.returncode} and {count_jobs()} jobs left: "
-                               f"{proc.stderr.read()[-2000:]}")
+            raise RuntimeError(
+                f"worker exited with {proc.returncode} and {count_jobs()} jobs left: "
+                f"{proc.stderr.read()[-2000:]}"
+            )
         if time.monotonic() > deadline:  # alive but stuck (a role that dies as it starts, say)
             proc.kill()
-            raise RuntimeError(f"the drain took over {DRAIN_TIMEOUT} s and left {count_jobs()} jobs: "
-                               f"{proc.communicate()[1][-2000:]}")
+            raise RuntimeError(
+                f"the drain took over {DRAIN_TIMEOUT} s and left {count_jobs()} jobs: "
+                f"{proc.communicate()[1][-2000:]}"
+            )
 
     while job_state(first) == "pending":
         check_alive()
@@ -194,11 +234,16 @@ def bulk_rate(m: int) -> float:
 
 
 def latency(db: str, count: int, gap: float, worker_args: list[str]) -> tuple[float, float]:
-    from django_rws_jobs import enqueue
     from benchmarks.benchapp.models import Pickup
+    from django_rws_jobs import enqueue
 
-    proc = subprocess.Popen([sys.executable, "-m", "django", "rws_worker", *worker_args],
-                            cwd=ROOT, env=env_for(db), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "django", "rws_worker", *worker_args],
+        cwd=ROOT,
+        env=env_for(db),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     committed: dict[int, float] = {}
     try:
         time.sleep(2.0)  # let it start and go idle
@@ -225,7 +270,11 @@ def fill_future(f: int, bands: int = 0) -> None:
     """Insert f jobs due tomorrow and later, generated by the database itself; with ``bands``,
     spread over that many priorities above the due jobs' (1 to bands), else at priority 0."""
     now = int(time.time())
-    columns = {"job_type": "'bench.future'", "next_run_at": f"{now + 86400} + x % 100000", "created_at": str(now)}
+    columns = {
+        "job_type": "'bench.future'",
+        "next_run_at": f"{now + 86400} + x % 100000",
+        "created_at": str(now),
+    }
     if bands:
         columns["priority"] = f"1 + x % {bands}"
     insert_generated(f, "future-", columns)
@@ -244,10 +293,16 @@ def insert_generated(n: int, id_prefix: str, columns: dict[str, str]) -> None:
         if connection.vendor == "postgresql":
             c.execute(head + f"SELECT '{id_prefix}' || x, {exprs} FROM generate_series(1, {n}) AS x")
         elif connection.vendor == "mysql":
-            c.execute(head + f"SELECT CONCAT('{id_prefix}', x), {exprs} FROM (SELECT seq AS x FROM seq_1_to_{n}) AS s")
+            c.execute(
+                head
+                + f"SELECT CONCAT('{id_prefix}', x), {exprs} FROM (SELECT seq AS x FROM seq_1_to_{n}) AS s"
+            )
         else:
-            c.execute(f"WITH RECURSIVE s(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM s WHERE x < {n}) "
-                      + head + f"SELECT '{id_prefix}' || x, {exprs} FROM s")
+            c.execute(
+                f"WITH RECURSIVE s(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM s WHERE x < {n}) "
+                + head
+                + f"SELECT '{id_prefix}' || x, {exprs} FROM s"
+            )
 
 
 def settle() -> None:
@@ -290,9 +345,20 @@ def flush_innodb(c, timeout: float = 300.0) -> None:
 
 def run_db(db: str, args: argparse.Namespace) -> dict:
     worker_args = ["--workers", str(args.workers), *args.worker_args.split()]
-    results: dict[str, list] = {k: [] for k in ("drain", "rss", "enqueue", "enqueue_prepared", "bulk",
-                                                "latency_p50", "latency_p99",
-                                                "drain_beside", "drain_future")}
+    results: dict[str, list] = {
+        k: []
+        for k in (
+            "drain",
+            "rss",
+            "enqueue",
+            "enqueue_prepared",
+            "bulk",
+            "latency_p50",
+            "latency_p99",
+            "drain_beside",
+            "drain_future",
+        )
+    }
     for r in range(args.repeat):
         reset_database(db)
         from django.db import connections
@@ -313,8 +379,11 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
             continue
         if args.only_future:
             future_pair(db, args, worker_args, results)
-            print(f"  {db} run {r + 1}: plain={results['drain_beside'][-1]:.0f} "
-                  f"future={results['drain_future'][-1]:.0f}", file=sys.stderr)
+            print(
+                f"  {db} run {r + 1}: plain={results['drain_beside'][-1]:.0f} "
+                f"future={results['drain_future'][-1]:.0f}",
+                file=sys.stderr,
+            )
             continue
         results["enqueue"].append(enqueue_rate(args.enqueue))
         clear()
@@ -331,12 +400,15 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
         results["latency_p99"].append(p99)
         clear()
         future_pair(db, args, worker_args, results)
-        print(f"  {db} run {r + 1}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items() if v), file=sys.stderr)
+        print(
+            f"  {db} run {r + 1}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items() if v),
+            file=sys.stderr,
+        )
     med = {k: statistics.median(v) if v else float("nan") for k, v in results.items()}
     # Each future drain against the plain drain run just before it, on the same table: this
     # machine's speed drifts within minutes (see README), and the first workload's drain runs
     # minutes before the future one.
-    shares = [f / b for f, b in zip(results["drain_future"], results["drain_beside"]) if b]
+    shares = [f / b for f, b in zip(results["drain_future"], results["drain_beside"], strict=False) if b]
     med["future_share"] = statistics.median(shares) if shares else float("nan")
     med["future_share_of_first"] = med["drain_future"] / med["drain"] if med["drain"] else float("nan")
     results["future_share"] = shares
@@ -352,7 +424,9 @@ def future_pair(db: str, args: argparse.Namespace, worker_args: list[str], resul
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--db", default="sqlite,postgres,mysql")
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--enqueue", type=int, default=5_000)
@@ -366,8 +440,11 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="tiny sizes, one run (CI)")
     parser.add_argument("--only-drain", action="store_true", help="measure the plain drain only")
     parser.add_argument("--only-latency", action="store_true", help="measure the pickup latency only")
-    parser.add_argument("--only-future", action="store_true",
-                        help="measure the drain with future jobs, and the plain drain beside it, only")
+    parser.add_argument(
+        "--only-future",
+        action="store_true",
+        help="measure the drain with future jobs, and the plain drain beside it, only",
+    )
     parser.add_argument("--db-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.small:
@@ -378,15 +455,26 @@ def main() -> None:
         print(json.dumps(run_db(args.db_child, args)))
         return
     speed = min(python_speed() for _ in range(3))
-    out = {"machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}, "
-                      f"a 10M-iteration Python loop takes {speed:.2f} s",
-           "args": {k: v for k, v in vars(args).items() if k != "db_child"}, "results": {}}
+    out = {
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, "
+        f"a 10M-iteration Python loop takes {speed:.2f} s",
+        "args": {k: v for k, v in vars(args).items() if k != "db_child"},
+        "results": {},
+    }
     for db in args.db.split(","):
         print(f"benchmarking {db} ...", file=sys.stderr)
-        child = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--db-child", db], cwd=ROOT,
-                               stdout=subprocess.PIPE, text=True, check=True)
+        child = subprocess.run(
+            [sys.executable, __file__, *sys.argv[1:], "--db-child", db],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+        )
         out["results"][db] = json.loads(child.stdout.strip().splitlines()[-1])
-        (HERE / "results" / f"{db}.json").write_text(json.dumps({**out, "results": {db: out["results"][db]}}, indent=2))
+        (HERE / "results" / f"{db}.json").write_text(
+            json.dumps({**out, "results": {db: out["results"][db]}}, indent=2)
+        )
     (HERE / "results" / "latest.json").write_text(json.dumps(out, indent=2))
     print(table(out))
 
@@ -394,14 +482,30 @@ def main() -> None:
 def table(out: dict) -> str:
     dbs = list(out["results"])
     rows = [
-        ("drain %d due no-op jobs, --workers %d (jobs/s)" % (out["args"]["jobs"], out["args"]["workers"]), "drain", "{:,.0f}"),
+        (
+            f"drain {out['args']['jobs']} due no-op jobs, --workers {out['args']['workers']} (jobs/s)",
+            "drain",
+            "{:,.0f}",
+        ),
         ("enqueue, one transaction per job (jobs/s)", "enqueue", "{:,.0f}"),
-        ("  the same, PostgreSQL OPTIONS server_side_binding + prepare_threshold", "enqueue_prepared", "{:,.0f}"),
-        ("bulk enqueue_many of %d jobs (jobs/s)" % out["args"]["bulk"], "bulk", "{:,.0f}"),
+        (
+            "  the same, PostgreSQL OPTIONS server_side_binding + prepare_threshold",
+            "enqueue_prepared",
+            "{:,.0f}",
+        ),
+        (f"bulk enqueue_many of {out['args']['bulk']} jobs (jobs/s)", "bulk", "{:,.0f}"),
         ("pickup latency p50 (ms; MariaDB with --poll-interval 0.01)", "latency_p50", "{:.1f}"),
         ("pickup latency p99 (ms)", "latency_p99", "{:.1f}"),
-        ("drain %d due with %d future jobs (jobs/s)" % (out["args"]["future_due"], out["args"]["future"]), "drain_future", "{:,.0f}"),
-        ("  as a share of the plain drain run just before it (median of the runs' shares)", "future_share", "{:.0%}"),
+        (
+            f"drain {out['args']['future_due']} due with {out['args']['future']} future jobs (jobs/s)",
+            "drain_future",
+            "{:,.0f}",
+        ),
+        (
+            "  as a share of the plain drain run just before it (median of the runs' shares)",
+            "future_share",
+            "{:.0%}",
+        ),
         ("  as a share of the first row's drain (medians)", "future_share_of_first", "{:.0%}"),
         ("worker peak RSS (MB)", "rss", "{:.0f}"),
     ]

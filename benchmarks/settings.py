@@ -15,18 +15,38 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DB = os.environ.get("RWS_BENCH_DB", "sqlite")
 NAME = os.environ.get("RWS_BENCH_DB_NAME", "rws_bench")  # benchmarks/admin.py uses its own
 if DB == "sqlite":
-    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(RESULTS / f"{NAME}.sqlite3")}}
+    DATABASES = {
+        "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(RESULTS / f"{NAME}.sqlite3")}
+    }
 elif DB == "postgres":
-    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": NAME, "USER": "postgres",
-                             "HOST": "127.0.0.1", "PORT": "5432"}}
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": NAME,
+            "USER": "postgres",
+            "HOST": "127.0.0.1",
+            "PORT": "5432",
+        }
+    }
 elif DB == "mysql":
-    DATABASES = {"default": {"ENGINE": "django.db.backends.mysql", "NAME": NAME, "USER": "root",
-                             "HOST": "127.0.0.1", "PORT": "3306", "OPTIONS": {"charset": "utf8mb4"}}}
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": NAME,
+            "USER": "root",
+            "HOST": "127.0.0.1",
+            "PORT": "3306",
+            "OPTIONS": {"charset": "utf8mb4"},
+        }
+    }
 else:
     raise RuntimeError(f"RWS_BENCH_DB={DB!r}")
 
 RWS_JOBS = {"POLL_INTERVAL": 0.5}
 RWS_JOBS.update(json.loads(os.environ.get("RWS_BENCH_JOBS", "{}")))
-LOGGING = {"version": 1, "disable_existing_loggers": False,
-           "handlers": {"stderr": {"class": "logging.StreamHandler"}},
-           "loggers": {"django_rws_jobs": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}}}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_rws_jobs": {"handlers": ["stderr"], "level": "WARNING", "propagate": False}},
+}

@@ -1,6 +1,6 @@
 """Settings for benchmarks/admin.py: benchmarks/settings.py and Django's admin, on a database of its own."""
 
-from benchmarks.settings import *
+from benchmarks.settings import *  # noqa: F403
 from benchmarks.settings import INSTALLED_APPS
 
 ALLOWED_HOSTS = ["*"]
