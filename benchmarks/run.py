@@ -49,13 +49,14 @@ def reset_database(db: str) -> None:
     from django.db import connections
 
     connections.close_all()  # our own connection would keep the database from being dropped
+    name = os.environ.get("RWS_BENCH_DB_NAME", "rws_bench")
     if db == "postgres":
         subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc",
-                        "DROP DATABASE IF EXISTS rws_bench WITH (FORCE)"], check=True)
-        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", "CREATE DATABASE rws_bench"], check=True)
+                        f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"], check=True)
+        subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", f"CREATE DATABASE {name}"], check=True)
     elif db == "mysql":
         subprocess.run(["mariadb", "-h", "127.0.0.1", "-uroot", "-e",
-                        "DROP DATABASE IF EXISTS rws_bench; CREATE DATABASE rws_bench CHARACTER SET utf8mb4"], check=True)
+                        f"DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name} CHARACTER SET utf8mb4"], check=True)
     else:
         for suffix in ("", "-wal", "-shm"):
             Path(HERE / "results" / f"bench.sqlite3{suffix}").unlink(missing_ok=True)

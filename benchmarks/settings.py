@@ -13,13 +13,14 @@ INSTALLED_APPS = ["django.contrib.contenttypes", "django_rws_jobs", "benchmarks.
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 DB = os.environ.get("RWS_BENCH_DB", "sqlite")
+NAME = os.environ.get("RWS_BENCH_DB_NAME", "rws_bench")
 if DB == "sqlite":
     DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(RESULTS / "bench.sqlite3")}}
 elif DB == "postgres":
-    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": "rws_bench", "USER": "postgres",
+    DATABASES = {"default": {"ENGINE": "django.db.backends.postgresql", "NAME": NAME, "USER": "postgres",
                              "HOST": "127.0.0.1", "PORT": "5432"}}
 elif DB == "mysql":
-    DATABASES = {"default": {"ENGINE": "django.db.backends.mysql", "NAME": "rws_bench", "USER": "root",
+    DATABASES = {"default": {"ENGINE": "django.db.backends.mysql", "NAME": NAME, "USER": "root",
                              "HOST": "127.0.0.1", "PORT": "3306", "OPTIONS": {"charset": "utf8mb4"}}}
 else:
     raise RuntimeError(f"RWS_BENCH_DB={DB!r}")
