@@ -82,7 +82,8 @@ class Command(BaseCommand):
             sys.exit(code)
 
     def _run_worker(self, settings: dict[str, Any]) -> int:
-        from django_rws_jobs.worker import Worker, worker_id
+        from django_rws_jobs.ids import worker_id
+        from django_rws_jobs.worker import Worker
 
         worker = Worker(**settings)
         worker.install_signal_handlers()
