@@ -491,17 +491,24 @@ def test_the_listener_listens_again_after_losing_its_connection(workers):
 
     w = start_idle_postgres_worker(workers, jobs={"POLL_INTERVAL": 30})  # its next poll 30 s away
     with connection.cursor() as c:
-        c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s",
+        c.execute("SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity WHERE query = %s",
                   ["LISTEN rws_jobs"])
-    wait_for(lambda: listening() == 1, timeout=10, what="the listener to listen again")
-    time.sleep(0.2)
+        killed = {pid for _, pid in c.fetchall()}
+    assert len(killed) == 1
+
+    def listening_anew() -> bool:
+        with connection.cursor() as c:
+            c.execute("SELECT pid FROM pg_stat_activity WHERE query = %s", ["LISTEN rws_jobs"])
+            return bool({pid for (pid,) in c.fetchall()} - killed)
+
+    wait_for(listening_anew, timeout=10, what="the listener to listen again")
+    time.sleep(0.5)  # its LISTEN has run
     t0 = time.monotonic()
     rws.enqueue("test.record", "notified")
     wait_for(lambda: run_counts() == {"notified": 1}, timeout=10, what="the notified job")
     assert time.monotonic() - t0 < 2
     w.signal(signal.SIGTERM)
     assert w.wait() == 0
-    assert "database error while listening on rws_jobs" in w.output()
 
 
 @pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "sqlite", reason="PRAGMA data_version")
