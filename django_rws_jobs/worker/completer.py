@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
+from collections.abc import Callable
 
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections
@@ -12,7 +13,7 @@ from django.db import close_old_connections, connections
 from ..conf import jobs_settings
 from ..reconnect import Connection, Retry
 from ..runner import record_or_fallback
-from ..store import Claimed
+from ..store import Claimed, Store
 from .shared import Outcome, Shared, outcomes
 
 logger = logging.getLogger("django_rws_jobs")
@@ -79,7 +80,7 @@ class Completer:
         """Record one failure; one that cannot be recorded is logged and dropped (its lease
         expires and recovery runs the job again), and the other outcomes go on."""
 
-        def call(fn):  # type: ignore[no-untyped-def]
+        def call(fn: Callable[[Store], str]) -> str:
             return self.db.until(deadline, lambda c: fn(c.store()), f"recording job {job.id}")
 
         try:

@@ -41,11 +41,9 @@ class Dispatcher:
         with shared.cond:
             shared.delete_with_claim = deletes_with_claim(self.vendor)
         try:
-            idle = False
-            while not shared.stop.is_set():
+            idle: bool | None = False
+            while idle is not None and not shared.stop.is_set():
                 idle = self.run_once(idle)
-                if idle is None:
-                    break
         finally:
             with shared.cond:
                 shared.delete_with_claim = False

@@ -45,7 +45,8 @@ class LeaseKeeper:
             with self.shared.held_lock:
                 tokens = sorted({token for token, _ in self.shared.held})
             if tokens:
-                self.db.once(lambda c: c.store().renew(tokens, int(time.time()) + self.lease), "renewing leases")
+                until = int(time.time()) + self.lease
+                self.db.once(lambda c: c.store().renew(tokens, until), "renewing leases")
             if time.monotonic() >= self.next_recovery and not self.shared.stop.is_set():
                 self.db.once(lambda c: recover(c.store()), "recovering expired leases")
                 self.next_recovery = time.monotonic() + jobs_settings.recovery_interval

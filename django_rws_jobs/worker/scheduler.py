@@ -33,7 +33,8 @@ class Scheduler:
         if not schedules:
             self.stop.wait()  # stay alive: the worker restarts a scheduler thread that returns early
             return
-        logger.info("scheduler running %d schedule(s): %s", len(schedules), ", ".join(s.name for s in schedules))
+        logger.info("scheduler running %d schedule(s): %s", len(schedules),
+                    ", ".join(s.name for s in schedules))
         try:
             while True:
                 self.run_once(schedules)
@@ -45,7 +46,8 @@ class Scheduler:
     def run_once(self, schedules: list[Schedule], now: int | None = None) -> int:
         """Enqueue the due jobs of ``schedules``; return how many."""
         try:
-            return self.db.once(lambda c: tick_schedules(now, using=c.connection().alias, schedules=schedules),
-                                "ticking the schedules")
+            return self.db.once(
+                lambda c: tick_schedules(now, using=c.connection().alias, schedules=schedules),
+                "ticking the schedules")
         except DatabaseError:
             return 0  # logged by Retry; the next second tries again

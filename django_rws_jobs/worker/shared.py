@@ -48,7 +48,8 @@ class Shared:
     """What the roles of one worker share.
 
     ``free`` counts idle executors; the dispatcher claims at most that many jobs, so a worker never
-    holds a job it cannot start now (tests/test_worker.py::test_a_worker_holds_no_more_jobs_than_it_has_threads).
+    holds a job it cannot start now
+    (tests/test_worker.py::test_a_worker_holds_no_more_jobs_than_it_has_threads).
     ``held`` maps (claim token, job id) to every job claimed and not yet recorded: the keeper
     renews their leases. ``finished`` holds succeeded jobs the dispatcher deletes with its next
     claim while ``delete_with_claim`` is on (features.deletes_with_claim); ``cond`` guards

@@ -213,7 +213,8 @@ class Worker:
         # once, so they are not run here any further while another worker may take them.
         unfinished = self._unfinished()
         if unfinished:
-            shared.hand_back(unfinished, f"interrupted: it did not finish within SHUTDOWN_TIMEOUT ({timeout:g}s)")
+            why = f"interrupted: it did not finish within SHUTDOWN_TIMEOUT ({timeout:g}s)"
+            shared.hand_back(unfinished, why)
         stats = shared.stats
         logger.info("worker stopped: %d done, %d retried, %d dead, %d results dropped",
                     stats.done, stats.retried, stats.dead, stats.lost)
