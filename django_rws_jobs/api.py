@@ -568,7 +568,6 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     from .checks import require_valid_settings
     from .runner import run_claimed
     from .store import Store
-    from .worker import claim_token
 
     queues = queue_list(queues)
     alias = queue_alias(using)
@@ -576,7 +575,7 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     store = Store(connections[alias])
     lease = int(jobs_settings.LEASE_SECONDS)
     now = int(time.time())
-    claimed = store.claim(claim_token(), now, now + lease, queues, 1)
+    claimed = store.claim(ids.claim_token(), now, now + lease, queues, 1)
     if not claimed:
         return False
     with _renewing(alias, claimed[0].token, lease):
@@ -586,26 +585,22 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
 
 @contextmanager
 def _renewing(alias: str, token: str, lease: int) -> Iterator[None]:
-    """Renew a claim's lease from a side thread while the calling thread runs the job."""
-    from .db import private_connection
-    from .store import Store
+    """Renew a claim's lease from a side thread while the calling thread runs the job; each renewal
+    is tried once, and a failed one again at the next round: the lease is long."""
+    from .reconnect import Connection, Retry
 
     done = threading.Event()
 
     def renew() -> None:
-        conn = None
+        db = Retry(Connection(alias), done)
         try:
             while not done.wait(max(lease / 3, 0.2)):
                 try:
-                    conn = conn or private_connection(alias)
-                    Store(conn).renew([token], int(time.time()) + lease)
-                except Exception:  # a failed renewal is retried next round; the lease is long
-                    if conn is not None:
-                        conn.close()
-                    conn = None
+                    db.once(lambda c: c.store().renew([token], int(time.time()) + lease), "renewing a lease")
+                except Exception:  # noqa: BLE001, S110  (Retry logs database errors; retried next round)
+                    pass
         finally:
-            if conn is not None:
-                conn.close()
+            db.holder.close()
 
     thread = threading.Thread(target=renew, name="rws-tick-lease", daemon=True)
     thread.start()

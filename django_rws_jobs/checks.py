@@ -1,4 +1,6 @@
-"""System checks for RWS_JOBS, with stable ids (rws_jobs.E0xx settings, E1xx schedules)."""
+"""System checks for RWS_JOBS, with stable ids (rws_jobs.E0xx settings; the E1xx schedule checks are
+in schedules.py, which this module does not import: tick() and Worker() use require_valid_settings,
+and schedules.py uses the public API)."""
 
 from __future__ import annotations
 
@@ -93,15 +95,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         if not test(value):
             messages.append(Error(f"RWS_JOBS[{key!r}] is {show(value)}; it must be {must}", id=check_id))
     return messages
-
-
-@register(TAG)
-def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    if not isinstance(jobs_settings.SCHEDULES, dict):
-        return []  # reported by check_settings
-    from .schedules import declared
-
-    return [Error(str(e), id=e.check_id, obj=e.name) for e in declared()[1]]
 
 
 @register(TAG, "database")

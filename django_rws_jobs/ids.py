@@ -1,10 +1,14 @@
-"""Job ids: UUIDv7 strings, unique across processes and sorted by creation time."""
+"""Job ids (UUIDv7 strings, unique across processes and sorted by creation time), the worker id
+and claim tokens."""
 
 from __future__ import annotations
 
+import itertools
 import os
+import socket
 import threading
 import time
+import uuid
 
 _lock = threading.Lock()
 _last_ms = 0
@@ -33,3 +37,30 @@ def new_id() -> str:
     value = (ms << 80) | (0x7 << 76) | (counter << 64) | (0b10 << 62) | rand
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _new_worker_id() -> None:
+    global _worker_id
+    _worker_id = f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+_worker_id = ""
+_new_worker_id()
+# A forked child must not share its parent's claim tokens: it takes a worker id of its own at the
+# fork, not at each claim, which stays cheap
+# (tests/test_worker.py::test_a_forked_process_gets_a_worker_id_of_its_own).
+os.register_at_fork(after_in_child=_new_worker_id)
+_claims = itertools.count(1)
+_claims_lock = threading.Lock()
+
+
+def worker_id() -> str:
+    """This process's name in claim tokens: host, pid and a random part."""
+    return _worker_id
+
+
+def claim_token() -> str:
+    """A token unique to one claim: it fences every write that finishes the claimed jobs."""
+    with _claims_lock:
+        n = next(_claims)
+    return f"{_worker_id}#{n}"

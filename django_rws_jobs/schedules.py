@@ -15,15 +15,16 @@ the schedule, with one of these ids:
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.core.checks import Error, register
+from django.db import DatabaseError, IntegrityError, transaction
 
 from . import cron
+from .checks import TAG
 from .conf import jobs_settings
 from .db import queue_alias
 from .models import JobSchedule
@@ -149,6 +150,13 @@ def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[Sc
     return Schedule(name, expr.text, job_type, payload, options, source), []
 
 
+@register(TAG)
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    if not isinstance(jobs_settings.SCHEDULES, dict):
+        return []  # reported by checks.check_settings
+    return [Error(str(e), id=e.check_id, obj=e.name) for e in declared()[1]]
+
+
 def valid_schedules() -> list[Schedule]:
     """The declared schedules that have no error; each error is logged."""
     schedules, errors = declared()
@@ -239,22 +247,3 @@ def undeclared_rows(using: str | None = None) -> list[JobSchedule]:
     names = {s.name for s in schedules} | {e.name for e in errors if isinstance(e.name, str)}
     rows = JobSchedule.objects.using(queue_alias(using)).order_by("name")
     return [row for row in rows if row.name not in names]
-
-
-def scheduler_loop(stop: threading.Event, alias: str) -> None:
-    """Tick the schedules just after each second starts until ``stop`` is set (at least once)."""
-    schedules = valid_schedules()
-    if not schedules:
-        stop.wait()  # stay alive: the worker restarts a scheduler thread that returns early
-        return
-    logger.info("scheduler running %d schedule(s): %s", len(schedules), ", ".join(s.name for s in schedules))
-    conn = connections[alias]
-    try:
-        while True:
-            if conn.connection is not None and conn.errors_occurred and not conn.is_usable():
-                conn.close()  # reconnect after the database went away
-            tick_schedules(using=alias, schedules=schedules)
-            if stop.wait(1.0 - (time.time() % 1.0) + 0.005):
-                break
-    finally:
-        connections.close_all()

@@ -22,7 +22,8 @@ from django.test import override_settings
 from django_rws_jobs import job, tick_schedules
 from django_rws_jobs.models import Job, JobSchedule
 from django_rws_jobs.registry import registry
-from django_rws_jobs.schedules import Schedule, declared, scheduler_loop, undeclared_rows
+from django_rws_jobs.schedules import Schedule, declared, undeclared_rows
+from django_rws_jobs.worker import Scheduler
 from tests.conftest import ROOT, run_python, start_worker, subprocess_env
 
 pytestmark = pytest.mark.django_db
@@ -358,7 +359,7 @@ def test_rws_schedules_lists_declared_schedules_and_stray_rows():
 def test_the_scheduler_thread_stays_alive_without_schedules_until_stopped():
     stop = threading.Event()
     with with_schedules():
-        t = threading.Thread(target=scheduler_loop, args=(stop, "default"), daemon=True)
+        t = threading.Thread(target=Scheduler(stop, "default").loop, daemon=True)
         t.start()
         t.join(0.3)
         assert t.is_alive()  # returning early would make the worker restart it in a busy loop
@@ -395,7 +396,7 @@ def test_the_scheduler_thread_reconnects_after_losing_its_connection(caplog):
     JobSchedule.objects.create(name="s", next_run_at=int(time.time()) + 1, cron="*/1 * * * * *")
     stop = threading.Event()
     with with_schedules(s=every_second), caplog.at_level(logging.WARNING, logger="django_rws_jobs"):
-        t = threading.Thread(target=scheduler_loop, args=(stop, "default"), daemon=True)
+        t = threading.Thread(target=Scheduler(stop, "default").loop, daemon=True)
         t.start()
         try:
             _wait_for(lambda: len(jobs("tick")) >= 1, 5)

@@ -430,7 +430,7 @@ def listening() -> int:
     """How many connections LISTEN on the workers' channel (each worker's listener holds one)."""
     from django.db import connection
 
-    from django_rws_jobs.listen import CHANNEL
+    from django_rws_jobs.worker.listener import CHANNEL
 
     with connection.cursor() as c:
         c.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE query = %s AND pid <> pg_backend_pid()",
@@ -447,15 +447,21 @@ def start_idle_postgres_worker(workers, **kwargs) -> "WorkerProcess":
     return w
 
 
-@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="LISTEN/NOTIFY")
-def test_notify_wakes_an_idle_postgres_worker(workers):
-    w = start_idle_postgres_worker(workers, jobs={"POLL_INTERVAL": 30})  # its next poll 30 s away
+def picks_up_at_once(w: "WorkerProcess", payload: str) -> None:
+    """The idle worker ``w`` (its next poll 30 s away) runs a job enqueued now within 2 s, and stops."""
+    before = run_counts()
     t0 = time.monotonic()
-    rws.enqueue("test.record", "notified")
-    wait_for(lambda: run_counts() == {"notified": 1}, timeout=10, what="the notified job")
+    rws.enqueue("test.record", payload)
+    wait_for(lambda: run_counts() == before + Counter([payload]), timeout=10, what=f"job {payload!r}")
     assert time.monotonic() - t0 < 2
     w.signal(signal.SIGTERM)
     assert w.wait() == 0
+
+
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="LISTEN/NOTIFY")
+def test_notify_wakes_an_idle_postgres_worker(workers):
+    w = start_idle_postgres_worker(workers, jobs={"POLL_INTERVAL": 30})  # its next poll 30 s away
+    picks_up_at_once(w, "notified")
 
 
 @pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="LISTEN/NOTIFY")
@@ -487,6 +493,36 @@ def test_an_idle_postgres_worker_polls_when_no_notification_arrives(workers):
             c.execute("ALTER TABLE rws_jobs ENABLE TRIGGER rws_jobs_notify")
 
 
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="LISTEN/NOTIFY")
+def test_the_listener_listens_again_after_losing_its_connection(workers):
+    from django.db import connection
+
+    w = start_idle_postgres_worker(workers, jobs={"POLL_INTERVAL": 30})  # its next poll 30 s away
+    with connection.cursor() as c:
+        c.execute("SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity WHERE query = %s",
+                  ["LISTEN rws_jobs"])
+        killed = {pid for _, pid in c.fetchall()}
+    assert len(killed) == 1
+
+    def listening_anew() -> bool:
+        with connection.cursor() as c:
+            c.execute("SELECT pid FROM pg_stat_activity WHERE query = %s", ["LISTEN rws_jobs"])
+            return bool({pid for (pid,) in c.fetchall()} - killed)
+
+    wait_for(listening_anew, timeout=10, what="the listener to listen again")
+    time.sleep(0.5)  # its LISTEN has run
+    picks_up_at_once(w, "notified")
+
+
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "sqlite", reason="PRAGMA data_version")
+def test_an_idle_sqlite_worker_sees_another_process_enqueue_at_once(workers):
+    w = workers("--workers", "1", jobs={"POLL_INTERVAL": 30})  # its next poll 30 s away
+    rws.enqueue("test.record", "first")
+    wait_for(lambda: run_counts() == {"first": 1}, timeout=10, what="the first job")
+    time.sleep(0.5)  # idle again, watching the file
+    picks_up_at_once(w, "second")
+
+
 def test_a_group_wide_signal_stops_processes_gracefully(workers):
     # Ctrl-C in a terminal, or a service manager, signals the whole process group at once.
     rws.enqueue("test.sleep", "1")
@@ -502,7 +538,7 @@ def test_a_forked_process_gets_a_worker_id_of_its_own():
     # In a child of its own: this test process has threads, and forking it would warn.
     code = (
         "import os\n"
-        "from django_rws_jobs.worker import claim_token, worker_id\n"
+        "from django_rws_jobs.ids import claim_token, worker_id\n"
         "parent = worker_id()\n"
         "read, write = os.pipe()\n"
         "pid = os.fork()\n"

@@ -15,7 +15,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_rws_jobs.checks import check_value
 from django_rws_jobs.conf import jobs_settings
 from django_rws_jobs.db import queue_alias
+from django_rws_jobs.ids import worker_id
 from django_rws_jobs.validation import queue_list
+
+# Imported here, before --processes forks: a child that had to import the worker after the fork
+# would take longer to install its signal handlers, and a SIGTERM passed on in that time would kill
+# it with no graceful stop
+# (tests/test_worker.py::test_processes_option_shares_the_work_and_stops_cleanly).
+from django_rws_jobs.worker import Worker
 
 
 def _positive_int(value: str) -> int:
@@ -82,8 +89,6 @@ class Command(BaseCommand):
             sys.exit(code)
 
     def _run_worker(self, settings: dict[str, Any]) -> int:
-        from django_rws_jobs.worker import Worker, worker_id
-
         worker = Worker(**settings)
         worker.install_signal_handlers()
         logging.getLogger("django_rws_jobs").info(

@@ -1,0 +1,23 @@
+"""The worker: executor threads fed by one dispatcher, a completer, a lease keeper, a scheduler.
+
+One supervisor (:class:`Worker`, in ``supervisor.py``) starts small roles, each a class with its
+own state and a ``loop()``, that share one :class:`~.shared.Shared`: the :class:`Dispatcher`
+claims as many due jobs as there are idle executors; each :class:`Executor` runs them; the
+:class:`Completer` records outcomes in batches; the :class:`LeaseKeeper` renews the leases of held
+jobs and takes back expired ones; the :class:`Scheduler` enqueues due cron jobs; on PostgreSQL a
+:class:`Listener` turns NOTIFY into a wake-up (polling still runs). Signal handlers only set
+flags; every wait is on an Event, so a stop is instant. docs/design.md describes them.
+"""
+
+from ..ids import claim_token, worker_id
+from .completer import Completer
+from .dispatcher import Dispatcher
+from .executor import Executor
+from .keeper import LeaseKeeper
+from .listener import Listener
+from .scheduler import Scheduler
+from .shared import Shared
+from .supervisor import Worker
+
+__all__ = ["Completer", "Dispatcher", "Executor", "LeaseKeeper", "Listener", "Scheduler", "Shared", "Worker",
+           "claim_token", "worker_id"]

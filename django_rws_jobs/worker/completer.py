@@ -1,0 +1,91 @@
+"""The completer: records the executors' outcomes, the finished jobs in batches."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from collections.abc import Callable
+
+from django.db import Error as DatabaseError
+from django.db import close_old_connections, connections
+
+from ..conf import jobs_settings
+from ..reconnect import Connection, Retry
+from ..runner import record_or_fallback
+from ..store import Claimed, Store
+from .shared import Outcome, Shared, outcomes
+
+logger = logging.getLogger("django_rws_jobs")
+
+
+class Completer:
+    """Record outcomes from ``shared.results`` until it gives None.
+
+    Each batch is whatever arrived while the last one was written; finished jobs are deleted in
+    one statement. An outcome is retried while its lease may still be ours; after that, recovery
+    runs the job again (tests/test_faults.py).
+    """
+
+    def __init__(self, shared: Shared):
+        self.shared = shared
+        self.holder = Connection(shared.alias)
+        self.db = Retry(self.holder, shared.stop)
+
+    def loop(self) -> None:
+        try:
+            while self.run_once():
+                pass
+        finally:
+            self.holder.close()
+            connections.close_all()
+
+    def run_once(self) -> bool:
+        """Record one batch; False when told to stop."""
+        batch = [self.shared.results.get()]
+        while True:
+            try:
+                batch.append(self.shared.results.get_nowait())
+            except queue.Empty:
+                break
+        items = [b for b in batch if b is not None]
+        if items:
+            self.record(items)
+            close_old_connections()  # job_dead receivers may have used Django's connection
+        return len(items) == len(batch)
+
+    def record(self, items: list[Outcome]) -> None:
+        deadline = time.monotonic() + float(jobs_settings.LEASE_SECONDS)
+        results: list[str] = []
+        try:
+            succeeded = [job for job, error, _ in items if error is None]
+            if succeeded:
+                done = self.db.until(deadline, lambda c: c.store().complete_many(succeeded),
+                                     "recording finished jobs")
+                results += outcomes(succeeded, done)
+            for job, error, tb in items:
+                if error is not None:
+                    results.append(self._record_failure(deadline, job, error, tb))
+        except DatabaseError as exc:
+            logger.error("could not record %d job outcome(s): %s; their leases will expire and "
+                         "another worker will run them again", len(items), exc)
+        except Exception:  # a bug must not kill the completer with every later outcome waiting
+            logger.exception("could not record %d job outcome(s); their leases will expire and "
+                             "another worker will run them again", len(items))
+        finally:
+            self.shared.let_go([job for job, _, _ in items])
+        self.shared.stats.add(results)
+
+    def _record_failure(self, deadline: float, job: Claimed, error: str, tb: str | None) -> str:
+        """Record one failure; one that cannot be recorded is logged and dropped (its lease
+        expires and recovery runs the job again), and the other outcomes go on."""
+
+        def call(fn: Callable[[Store], str]) -> str:
+            return self.db.until(deadline, lambda c: fn(c.store()), f"recording job {job.id}")
+
+        try:
+            return record_or_fallback(call, job, error, tb)
+        except Exception:
+            logger.exception("could not record the failure of job %s (%s); its lease will expire and "
+                             "another worker will run it again", job.id, job.job_type)
+            return "lost"

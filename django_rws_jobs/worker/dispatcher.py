@@ -1,0 +1,159 @@
+"""The dispatcher: claims as many due jobs as there are idle executors, in one statement."""
+
+from __future__ import annotations
+
+import time
+
+from django.db import Error as DatabaseError
+
+from ..conf import jobs_settings
+from ..db import is_transient
+from ..ids import claim_token
+from ..reconnect import Connection, Retry
+from ..store import Claimed
+from .features import deletes_with_claim, wakeup_kind
+from .shared import Shared, outcomes
+
+#: How often an idle worker on SQLite checks whether another connection wrote (seconds).
+SQLITE_WATCH_INTERVAL = 0.002
+
+
+class Dispatcher:
+    """Claim due jobs for idle executors; on SQLite, delete the succeeded ones in the same
+    transaction (features.deletes_with_claim). With ``burst`` it stops once nothing is due and
+    nothing runs; with ``max_jobs`` once it claimed that many and they are done."""
+
+    def __init__(self, shared: Shared, vendor: str, *, queues: list[str] | None, burst: bool,
+                 max_jobs: int | None, poll_interval: float):
+        self.shared = shared
+        self.vendor = vendor
+        self.queues = queues
+        self.burst = burst
+        self.max_jobs = max_jobs
+        self.poll_interval = poll_interval
+        self.claimed_total = 0
+        self.lease = int(jobs_settings.LEASE_SECONDS)
+        self.holder = Connection(shared.alias)
+        self.db = Retry(self.holder, shared.stop)
+
+    def loop(self) -> None:
+        shared = self.shared
+        with shared.cond:
+            shared.delete_with_claim = deletes_with_claim(self.vendor)
+        try:
+            idle: bool | None = False
+            while idle is not None and not shared.stop.is_set():
+                idle = self.run_once(idle)
+        finally:
+            with shared.cond:
+                shared.delete_with_claim = False
+                left, shared.finished = shared.finished, []
+            shared.to_completer(left)
+            self.holder.close()
+
+    def _claim_size(self) -> tuple[int, list[Claimed]] | None:
+        """How many jobs to claim (waiting for an idle executor) and the succeeded jobs to delete
+        with the claim; None when the dispatcher is to stop."""
+        shared = self.shared
+        with shared.cond:
+            while shared.free == 0 and not shared.stop.is_set():
+                shared.cond.wait(0.5)
+            n = shared.free
+            if self.max_jobs is not None:
+                n = min(n, self.max_jobs - self.claimed_total)
+                if n <= 0:  # claimed all it may: stop once they are done
+                    while shared.free < shared.threads and not shared.stop.is_set():
+                        shared.cond.wait(0.5)
+                    shared.stop_all()
+                    return None
+            finished, shared.finished = shared.finished, []
+        if shared.stop.is_set():
+            shared.to_completer(finished)
+            return None
+        return n, finished
+
+    def run_once(self, idle: bool) -> bool | None:
+        """Claim once, then wait if nothing was due. Returns whether the next claim is to look
+        with read-only statements first (nothing was due and no hint came), or None to stop."""
+        shared = self.shared
+        size = self._claim_size()
+        if size is None:
+            return None
+        n, finished = size
+        shared.wake.clear()
+        # A burst may end only if nothing was running when this look began: a job that
+        # finishes meanwhile may have enqueued another.
+        busy = shared.free < shared.threads or bool(shared.held)
+        now = int(time.time())
+        lease_end = now + self.lease
+        token = claim_token()
+        try:
+            done, claimed = self.db.until_stopped(
+                lambda c: c.store().finish_and_claim(finished, token, now, lease_end, self.queues, n,
+                                                     probe_first=idle), "claiming")
+        except DatabaseError as exc:
+            shared.to_completer(finished)
+            if not is_transient(exc):
+                shared.fail(exc, "claiming")
+            return None  # a permanent error, or stopping
+        if finished:
+            shared.stats.add(outcomes(finished, done))
+            shared.let_go(finished)
+        if claimed:
+            return self._hand_out(claimed)
+        if self.burst:
+            return self._burst_wait(busy)
+        # Woken by a hint (NOTIFY, a job enqueued in this process, another process's write on
+        # SQLite), claim straight away; after a plain poll interval, look with read-only
+        # statements first.
+        return not self._idle_wait()
+
+    def _hand_out(self, claimed: list[Claimed]) -> bool | None:
+        shared = self.shared
+        if shared.stop.is_set():
+            shared.hand_back(claimed, "claimed as the worker stopped")
+            return None
+        self.claimed_total += len(claimed)
+        with shared.cond:
+            shared.free -= len(claimed)
+        shared.hold(claimed)
+        for job in claimed:
+            shared.work.put(job)
+        return False
+
+    def _burst_wait(self, busy: bool) -> bool | None:
+        shared = self.shared
+        with shared.cond:
+            if not busy and shared.free == shared.threads:
+                shared.stop_all()  # nothing due and nothing running
+                return None
+            shared.cond.wait(self.poll_interval)  # a running job may enqueue more
+        return True
+
+    def _idle_wait(self) -> bool:
+        """Wait until woken or POLL_INTERVAL passes; True when woken by a hint."""
+        if wakeup_kind(self.vendor) == "data_version":
+            return self._watch_data_version()
+        return self.shared.wake.wait(self.poll_interval)
+
+    def _watch_data_version(self) -> bool:
+        """Wait as _idle_wait does, and also until another connection commits to the SQLite file:
+        ``PRAGMA data_version`` tells without reading a table, so an idle worker notices new jobs
+        within milliseconds
+        (tests/test_worker.py::test_an_idle_sqlite_worker_sees_another_process_enqueue_at_once)."""
+        wake = self.shared.wake
+        deadline = time.monotonic() + self.poll_interval
+        try:
+            with self.holder.store().conn.cursor() as c:
+                c.execute("PRAGMA data_version")
+                version = c.fetchone()[0]
+                while not wake.wait(min(SQLITE_WATCH_INTERVAL, max(deadline - time.monotonic(), 0))):
+                    if time.monotonic() >= deadline:
+                        return False
+                    c.execute("PRAGMA data_version")
+                    if c.fetchone()[0] != version:
+                        return True
+                return True
+        except DatabaseError:
+            self.holder.reset()
+            return wake.wait(max(deadline - time.monotonic(), 0))

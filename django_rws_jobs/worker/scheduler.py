@@ -1,0 +1,53 @@
+"""The scheduler: ticks the cron schedules once a second."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from django.db import Error as DatabaseError
+from django.db import connections
+
+from ..reconnect import Connection, Retry
+from ..schedules import Schedule, tick_schedules, valid_schedules
+
+logger = logging.getLogger("django_rws_jobs")
+
+
+class Scheduler:
+    """Tick the schedules just after each second starts until ``stop`` is set (at least once).
+
+    Each tick is tried once: ``tick_schedules`` logs a database error per schedule, and the next
+    second tries again, on a new connection if the error left the old one unusable
+    (tests/test_schedules.py::test_the_scheduler_thread_reconnects_after_losing_its_connection).
+    """
+
+    def __init__(self, stop: threading.Event, alias: str):
+        self.stop = stop
+        self.alias = alias
+        self.db = Retry(Connection(alias, private=False), stop)
+
+    def loop(self) -> None:
+        schedules = valid_schedules()
+        if not schedules:
+            self.stop.wait()  # stay alive: the worker restarts a scheduler thread that returns early
+            return
+        logger.info("scheduler running %d schedule(s): %s", len(schedules),
+                    ", ".join(s.name for s in schedules))
+        try:
+            while True:
+                self.run_once(schedules)
+                if self.stop.wait(1.0 - (time.time() % 1.0) + 0.005):
+                    break
+        finally:
+            connections.close_all()
+
+    def run_once(self, schedules: list[Schedule], now: int | None = None) -> int:
+        """Enqueue the due jobs of ``schedules``; return how many."""
+        try:
+            return self.db.once(
+                lambda c: tick_schedules(now, using=c.connection().alias, schedules=schedules),
+                "ticking the schedules")
+        except DatabaseError:
+            return 0  # logged by Retry; the next second tries again

@@ -1,0 +1,131 @@
+"""The state a worker's roles share, in one small object each role receives."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+
+from django.db import Error as DatabaseError
+
+from ..reconnect import Connection
+from ..store import Claimed
+
+logger = logging.getLogger("django_rws_jobs")
+
+#: An executor's outcome: the job, its error (None when it succeeded) and traceback.
+Outcome = tuple[Claimed, "str | None", "str | None"]
+
+
+@dataclass
+class Stats:
+    done: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, outcomes: list[str]) -> None:
+        with self.lock:
+            for outcome in outcomes:
+                attr = {"done": "done", "retry": "retried", "dead": "dead", "lost": "lost"}[outcome]
+                setattr(self, attr, getattr(self, attr) + 1)
+
+
+def fix_hint(exc: BaseException) -> str:
+    """What to do about a permanent error, where its message says."""
+    text = str(exc).lower()
+    if any(m in text for m in ("no such table", "does not exist", "doesn't exist", "no such column",
+                               "unknown column", "has no column")):
+        return " (have the migrations run? python manage.py migrate django_rws_jobs)"
+    if any(m in text for m in ("denied", "permission", "not authorized", "readonly", "read-only")):
+        return " (the database user needs to read and write rws_jobs and rws_job_schedules)"
+    return ""
+
+
+class Shared:
+    """What the roles of one worker share.
+
+    ``free`` counts idle executors; the dispatcher claims at most that many jobs, so a worker never
+    holds a job it cannot start now
+    (tests/test_worker.py::test_a_worker_holds_no_more_jobs_than_it_has_threads).
+    ``held`` maps (claim token, job id) to every job claimed and not yet recorded: the keeper
+    renews their leases. ``finished`` holds succeeded jobs the dispatcher deletes with its next
+    claim while ``delete_with_claim`` is on (features.deletes_with_claim); ``cond`` guards
+    ``free``, ``finished`` and ``delete_with_claim``.
+    """
+
+    def __init__(self, alias: str, threads: int):
+        self.alias = alias
+        self.threads = threads
+        self.stop = threading.Event()  # stop claiming
+        self.wake = threading.Event()  # a hint that jobs may be due: look now
+        self.cond = threading.Condition()
+        self.free = threads
+        self.finished: list[Claimed] = []
+        self.delete_with_claim = False
+        self.work: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
+        self.results: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+        self.held: dict[tuple[str, str], Claimed] = {}
+        self.held_lock = threading.Lock()
+        self.executing: dict[str, Claimed] = {}  # executor thread name -> job it runs
+        self.stats = Stats()
+        self.exit_code = 0
+
+    def stop_all(self) -> None:
+        self.stop.set()
+        self.wake.set()
+
+    def fail(self, exc: BaseException, what: str) -> None:
+        """Stop with exit code 1 after an error that retrying cannot fix (a missing table, a
+        permission): waiting would only hide it
+        (tests/test_faults.py::test_a_worker_without_its_tables_fails_fast)."""
+        logger.critical("stopping: the database refused %s with an error that retrying cannot fix: %s%s",
+                        what, exc, fix_hint(exc))
+        self.exit_code = 1
+        self.stop_all()
+
+    def hold(self, jobs: list[Claimed]) -> None:
+        with self.held_lock:
+            for job in jobs:
+                self.held[(job.token, job.id)] = job
+
+    def let_go(self, jobs: list[Claimed]) -> None:
+        """Stop holding ``jobs``: the keeper no longer renews their leases."""
+        with self.held_lock:
+            for job in jobs:
+                self.held.pop((job.token, job.id), None)
+
+    def to_completer(self, jobs: list[Claimed]) -> None:
+        for job in jobs:
+            self.results.put((job, None, None))
+
+    def hand_back(self, jobs: list[Claimed], why: str) -> None:
+        """Release claimed jobs without charging an attempt (fenced on their claim)."""
+        holder = Connection(self.alias)
+        try:
+            for job in jobs:
+                try:
+                    if holder.store().release(job):
+                        logger.warning("job %s (%s) handed back: %s", job.id, job.job_type, why)
+                except DatabaseError as exc:
+                    logger.error("could not hand back job %s: %s; its lease will expire", job.id, exc)
+                    holder.reset()
+        finally:
+            holder.close()
+            self.let_go(jobs)
+
+
+def outcomes(succeeded: list[Claimed], done: set[str]) -> list[str]:
+    """"done" for each succeeded job whose deletion ``done`` confirms, else "lost" (logged)."""
+    result = []
+    for job in succeeded:
+        if job.id in done:
+            result.append("done")
+        else:
+            result.append("lost")
+            logger.warning("job %s (%s): result 'done' dropped: claim %s no longer holds it "
+                           "(its lease expired and another worker took it over)",
+                           job.id, job.job_type, job.token)
+    return result

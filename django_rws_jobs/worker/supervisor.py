@@ -1,0 +1,234 @@
+"""The supervisor: starts a worker's roles, restarts the ones that die, and shuts down."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import Error as DatabaseError
+from django.db import connections
+
+from .. import wakeup
+from ..checks import check_value, require_valid_settings
+from ..conf import jobs_settings
+from ..db import is_transient, queue_alias
+from ..reconnect import Connection, Retry
+from ..runner import recover
+from ..schedules import tick_schedules
+from ..store import Claimed
+from ..validation import INT32_MAX, INT64_MAX, integer, queue_list
+from .completer import Completer
+from .dispatcher import Dispatcher
+from .executor import Executor
+from .features import wakeup_kind
+from .keeper import LeaseKeeper
+from .listener import Listener
+from .scheduler import Scheduler
+from .shared import Shared
+
+logger = logging.getLogger("django_rws_jobs")
+
+#: A role thread that dies again within this many seconds of its start is restarted later each
+#: time: 1 s, 2 s, 4 s ... up to RESPAWN_DELAY_MAX
+#: (tests/test_worker.py::test_a_thread_that_keeps_dying_is_restarted_later_each_time).
+RESPAWN_QUICK = 10.0
+RESPAWN_DELAY_MAX = 30.0
+
+
+class Worker:
+    """One worker process: a dispatcher, N executors, a completer, a lease keeper, a scheduler
+    and, on PostgreSQL, a listener, each a thread, sharing one :class:`Shared`."""
+
+    def __init__(
+        self,
+        *,
+        threads: int = 1,
+        queues: Sequence[str] | None = None,
+        burst: bool = False,
+        max_jobs: int | None = None,
+        poll_interval: float | None = None,
+        schedules: bool | None = None,
+        using: str | None = None,
+    ):
+        # Bad arguments and settings raise here, before any thread starts
+        # (tests/test_input.py::test_worker_refuses_bad_arguments_and_settings).
+        require_valid_settings()
+        self.threads = integer("threads", threads, 1, INT32_MAX)
+        self.queues = queue_list(queues)
+        self.burst = burst
+        self.max_jobs = None if max_jobs is None else integer("max_jobs", max_jobs, 1, INT64_MAX)
+        if poll_interval is not None:
+            check_value("POLL_INTERVAL", poll_interval, "poll_interval")
+        self.poll_interval = float(jobs_settings.POLL_INTERVAL if poll_interval is None else poll_interval)
+        self.run_schedules = (not burst) if schedules is None else schedules
+        self.alias = queue_alias(using)
+        self.vendor = connections[self.alias].vendor
+        self.shared = Shared(self.alias, self.threads)
+        self._threads: dict[str, threading.Thread] = {}
+        self._started: dict[str, float] = {}  # role -> time.monotonic() of its thread's start
+        self._signals = 0
+
+    @property
+    def exit_code(self) -> int:
+        return self.shared.exit_code
+
+    def stop(self) -> None:
+        self.shared.stop_all()
+
+    def install_signal_handlers(self) -> None:
+        """The first SIGTERM or SIGINT stops gracefully; a second exits at once (leases of running
+        jobs expire and another worker's recovery takes them)."""
+
+        def handler(signum: int, frame: Any) -> None:
+            self._signals += 1
+            if self._signals > 1:
+                os.write(2, b"second signal: exiting now\n")
+                os._exit(1)
+            self.stop()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def run(self) -> int:
+        """Run until stopped (or, with burst, until nothing is due). Returns the exit code."""
+        if not self._recover_at_start():
+            return self.exit_code
+        if self.burst and self.run_schedules:
+            # A burst worker ticks its schedules once, before it looks for due jobs, so what they
+            # enqueue runs in this burst.
+            try:
+                tick_schedules(using=self.alias)
+            finally:
+                connections.close_all()
+        self._keeper = LeaseKeeper(self.shared)
+        roles = self._roles()
+        for name, target in roles.items():
+            self._spawn(name, target)
+        wakeup.listeners.add(self.shared.wake)
+        try:
+            self._supervise(roles)
+        finally:
+            wakeup.listeners.discard(self.shared.wake)
+        return self._shutdown()
+
+    def _recover_at_start(self) -> bool:
+        """Take back the jobs of lost workers; False when the worker is not to start."""
+        holder = Connection(self.alias)
+        try:
+            taken = Retry(holder, self.shared.stop).until_stopped(lambda c: recover(c.store()),
+                                                                  "recovering at start")
+            if taken:
+                logger.warning("took back %d job(s) whose worker was lost", taken)
+        except DatabaseError as exc:
+            if not is_transient(exc):
+                self.shared.fail(exc, "the worker's first statement")
+                return False
+            if self.shared.stop.is_set():  # stopped while the database was unreachable
+                logger.info("worker stopped before it started: the database was unreachable")
+                return False
+            raise
+        finally:
+            holder.close()
+        return True
+
+    def _roles(self) -> dict[str, Callable[[], None]]:
+        """Thread name -> the role's loop. A restarted thread runs a new role object."""
+        shared = self.shared
+        roles: dict[str, Callable[[], None]] = {
+            f"rws-job-{i}": lambda: Executor(shared).loop() for i in range(self.threads)}
+        roles["rws-dispatcher"] = lambda: Dispatcher(
+            shared, self.vendor, queues=self.queues, burst=self.burst, max_jobs=self.max_jobs,
+            poll_interval=self.poll_interval).loop()
+        roles["rws-completer"] = lambda: Completer(shared).loop()
+        roles["rws-keeper"] = self._keeper.loop
+        if self.run_schedules and not self.burst:
+            roles["rws-scheduler"] = lambda: Scheduler(shared.stop, self.alias).loop()
+        if wakeup_kind(self.vendor) == "listen" and not self.burst:
+            roles["rws-listener"] = lambda: Listener(shared.stop, shared.wake, self.alias).loop()
+        return roles
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        def guarded() -> None:
+            try:
+                target()
+            except BaseException:
+                logger.exception("worker thread %s died", name)
+                raise
+
+        t = threading.Thread(target=guarded, name=name, daemon=True)
+        self._threads[name] = t
+        self._started[name] = time.monotonic()
+        t.start()
+
+    def _supervise(self, roles: dict[str, Callable[[], None]]) -> None:
+        """Until stopped, replace dead role threads; one that keeps dying (a broken database
+        driver, a bug) is restarted later each time, instead of twice a second for ever."""
+        deaths: dict[str, int] = {}  # role -> deaths in a row, each soon after its start
+        restart_at: dict[str, float] = {}  # role -> when its dead thread is replaced
+        while not self.shared.stop.wait(0.5):
+            now = time.monotonic()
+            for name, t in list(self._threads.items()):
+                if t.is_alive() or name in restart_at:
+                    continue
+                deaths[name] = deaths.get(name, 0) + 1 if now - self._started[name] < RESPAWN_QUICK else 1
+                delay = min(2.0 ** (deaths[name] - 2), RESPAWN_DELAY_MAX) if deaths[name] > 1 else 0.0
+                logger.error("worker thread %s stopped; starting a new one%s", name,
+                             f" in {delay:g}s (it stopped {deaths[name]} times in a row)" if delay else "")
+                restart_at[name] = now + delay
+            for name, at in list(restart_at.items()):
+                if now >= at:
+                    del restart_at[name]
+                    self._spawn(name, roles[name])
+
+    def _shutdown(self) -> int:
+        """Let running jobs finish within SHUTDOWN_TIMEOUT, record their outcomes, stop renewing
+        leases, and hand back what did not finish
+        (tests/test_worker.py::test_sigterm_hands_back_what_does_not_finish_in_time)."""
+        shared = self.shared
+        timeout = float(jobs_settings.SHUTDOWN_TIMEOUT)
+        if shared.executing:
+            logger.info("stopping: waiting up to %ss for %d running job(s)", timeout, len(shared.executing))
+        deadline = time.monotonic() + timeout
+        # A claim under way finishes (and hands back what it got) before the executors are told.
+        self._threads["rws-dispatcher"].join(max(timeout, 35))
+        for _ in range(self.threads):
+            shared.work.put(None)
+        for name, t in self._threads.items():
+            if name.startswith("rws-job-") or name == "rws-scheduler":
+                t.join(max(deadline - time.monotonic(), 0))
+        # Record what finished, then stop renewing leases.
+        shared.results.put(None)
+        self._threads["rws-completer"].join(max(float(jobs_settings.LEASE_SECONDS), 10))
+        self._keeper.done.set()
+        for name in ("rws-keeper", "rws-listener"):
+            if name in self._threads:
+                self._threads[name].join(5)
+        # Last: jobs whose handlers are still running are handed back, and the process exits at
+        # once, so they are not run here any further while another worker may take them.
+        unfinished = self._unfinished()
+        if unfinished:
+            why = f"interrupted: it did not finish within SHUTDOWN_TIMEOUT ({timeout:g}s)"
+            shared.hand_back(unfinished, why)
+        stats = shared.stats
+        logger.info("worker stopped: %d done, %d retried, %d dead, %d results dropped",
+                    stats.done, stats.retried, stats.dead, stats.lost)
+        return shared.exit_code
+
+    def _unfinished(self) -> list[Claimed]:
+        """Jobs still running, and jobs claimed but never started (only if executors are stuck)."""
+        with self.shared.held_lock:
+            unfinished = list(self.shared.executing.values())
+        while True:
+            try:
+                job = self.shared.work.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                unfinished.append(job)
+        return unfinished
