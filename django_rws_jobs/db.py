@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
-from django.db import InterfaceError, InternalError, OperationalError, connections, transaction
+from django.db import InterfaceError, InternalError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .backends import backend_for
+from .backends.base import is_registered
 from .conf import jobs_settings
 
 logger = logging.getLogger("django_rws_jobs")
@@ -70,33 +70,9 @@ def write_lock(conn: BaseDatabaseWrapper) -> AbstractContextManager[Any]:
     return backend_for(conn).write_lock()
 
 
-def is_registered(conn: BaseDatabaseWrapper) -> bool:
-    """True for the calling thread's own Django connection to conn.alias."""
-    # The worker's own connections never are, and asking ``connections`` (a thread-critical
-    # local) cost more than a SQLite claim's statements.
-    return not getattr(conn, "rws_private", False) and connections[conn.alias] is conn
-
-
-@contextmanager
-def atomic(conn: BaseDatabaseWrapper, *, write: bool = True, cursor: Any = None) -> Iterator[None]:
-    """A short transaction on ``conn`` (a savepoint inside the caller's, on Django's connection).
-
-    ``cursor``: a context manager that gives the cursor to send BEGIN and COMMIT with (a Store's
-    kept one); by default a new cursor of ``conn``.
-    """
-    if is_registered(conn):
-        with transaction.atomic(using=conn.alias):
-            yield
-        return
-    begin = backend_for(conn).begin_sql(write)
-    with cursor if cursor is not None else conn.cursor() as c:
-        c.execute(begin)
-        try:
-            yield
-        except BaseException:
-            c.execute("ROLLBACK")
-            raise
-        c.execute("COMMIT")
+def atomic(conn: BaseDatabaseWrapper, *, write: bool = True, cursor: Any = None) -> AbstractContextManager[None]:
+    """A short transaction on ``conn`` (see BaseBackend.atomic)."""
+    return backend_for(conn).atomic(write=write, cursor=cursor)
 
 
 #: MySQL/MariaDB error numbers that retrying cannot fix: access denied (1044, 1045, 1142, 1143,
@@ -130,3 +106,7 @@ def is_transient(exc: BaseException) -> bool:
         return sqlite_code & 0xFF not in SQLITE_PERMANENT
     message = str(exc).lower()
     return not any(m in message for m in SQLITE_PERMANENT_MESSAGES)
+
+
+__all__ = ["atomic", "configure_connection", "is_registered", "is_transient", "private_connection", "queue_alias",
+           "sends_several", "thread_connected", "write_lock"]

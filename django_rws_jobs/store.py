@@ -55,8 +55,8 @@ class Store:
         return self._kept
 
     def atomic(self) -> AbstractContextManager[None]:
-        """A short write transaction (see db.atomic), on the kept cursor where there is one."""
-        return atomic(self.conn, cursor=self.cursor() if self.private else None)
+        """A short write transaction (see BaseBackend.atomic), on the kept cursor where there is one."""
+        return self.backend.atomic(cursor=self.cursor() if self.private else None)
 
     def execute(self, c: Any, sql: str, params: list[Any]) -> None:
         """Run one of the hot statements, prepared where ``self.prepare`` says so."""

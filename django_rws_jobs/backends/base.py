@@ -9,9 +9,10 @@ connections need; the claim algorithm below runs on every database, with hooks.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
+from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .cursors import DriverCursor
@@ -20,6 +21,13 @@ from .statements import CLAIM_COLUMNS, Claimed, Sql, Statements, band_order_key,
 
 if TYPE_CHECKING:
     from ..store import Store
+
+
+def is_registered(conn: BaseDatabaseWrapper) -> bool:
+    """True for the calling thread's own Django connection to conn.alias."""
+    # The worker's own connections never are, and asking ``connections`` (a thread-critical
+    # local) cost more than a SQLite claim's statements.
+    return not getattr(conn, "rws_private", False) and connections[conn.alias] is conn
 
 
 class BaseFeatures:
@@ -51,6 +59,7 @@ class BaseBackend(Statements):
     def __init__(self, conn: BaseDatabaseWrapper):
         self.conn = conn
         self.features = self.features_class(conn)
+        self._selects: dict[tuple[Any, ...], Sql] = {}  # see claim_select
 
     # -- session set-up ---------------------------------------------------------------------------
 
@@ -64,6 +73,27 @@ class BaseBackend(Statements):
     def begin_sql(self, write: bool) -> str:
         """The statement that begins a short transaction (db.atomic)."""
         return "BEGIN"
+
+    @contextmanager
+    def atomic(self, *, write: bool = True, cursor: Any = None) -> Iterator[None]:
+        """A short transaction (a savepoint inside the caller's, on Django's connection).
+
+        ``cursor``: a context manager that gives the cursor to send BEGIN and COMMIT with (a
+        Store's kept one); by default a new cursor of the connection.
+        """
+        conn = self.conn
+        if is_registered(conn):
+            with transaction.atomic(using=conn.alias):
+                yield
+            return
+        with cursor if cursor is not None else conn.cursor() as c:
+            c.execute(self.begin_sql(write))
+            try:
+                yield
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            c.execute("COMMIT")
 
     def write_lock(self) -> AbstractContextManager[Any]:
         """What the worker's own connections hold around their writes (nothing but on SQLite)."""
@@ -127,9 +157,7 @@ class BaseBackend(Statements):
                     if band is None:
                         break
                     probe_first = False
-                in_band = self.in_top_band(queues, below) if band is None else self.in_band(band)
-                rows = self.claim_band(store, c, token, lease_until, now, queues, in_band, limit - len(taken),
-                                       from_top=below is None and band is None)
+                rows = self.claim_band(store, c, token, lease_until, now, queues, below, band, limit - len(taken))
                 if rows:
                     taken += rows
                     below = rows[0].priority
@@ -141,15 +169,33 @@ class BaseBackend(Statements):
                 probe_first = True
         return taken
 
-    def claim_band(self, store: Store, c: Any, token: str, lease_until: int, now: int,
-                   queues: Sequence[str] | None, band: Sql, want: int, from_top: bool) -> list[Claimed]:
-        """Claim up to ``want`` due jobs of ``band``, in claim order: one UPDATE ... RETURNING.
-        ``from_top``: the claim's first look, at the top band."""
-        select = self.band_select("id", queues, band, now, want)
+    def claim_band(self, store: Store, c: Any, token: str, lease_until: int, now: int, queues: Sequence[str] | None,
+                   below: int | None, band: int | None, want: int) -> list[Claimed]:
+        """Claim up to ``want`` due jobs of ``band`` (None: the top band below ``below``), in claim
+        order: one UPDATE ... RETURNING."""
+        select = self.claim_select("id", queues, below, band, now, want)
         store.execute(c, *self.claim_update(select, token, lease_until, now))
         rows = [Claimed(*row, token=token) for row in c.fetchall()]
         rows.sort(key=band_order_key)  # RETURNING does not keep the subquery's order
         return rows
+
+    def claim_select(self, columns: str, queues: Sequence[str] | None, below: int | None, band: int | None,
+                     now: int, want: int, after: tuple[Any, ...] | None = None) -> Sql:
+        """``band_select`` for the band ``band`` (None: the top band below ``below``), kept for the
+        claims that follow within the same second: a busy queue's claims repeat it. The kept
+        statements are never changed (claim_update copies its text and parameters)."""
+        if after is None:
+            key = (columns, tuple(queues) if queues else None, below, band, now, want)
+            select = self._selects.get(key)
+            if select is not None:
+                return select
+            if len(self._selects) >= 64:
+                self._selects.clear()
+        in_band = self.in_top_band(queues, below) if band is None else self.in_band(band)
+        select = self.band_select(columns, queues, in_band, now, want, after)
+        if after is None:  # (a resume point is new at every claim)
+            self._selects[key] = select
+        return select
 
     def find_band(self, store: Store, c: Any, queues: Sequence[str] | None, below: int | None,
                   now: int) -> int | None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
-from .base import BaseBackend, BaseFeatures
+from .base import BaseBackend, BaseFeatures, is_registered
 from .mysql_inserts import check_insert_size, insert_quoted, insert_sized, pipelines
 from .statements import (
     CLAIM_COLUMNS,
@@ -123,8 +123,8 @@ class MySQLBackend(BaseBackend):
 
     # -- the claim --------------------------------------------------------------------------------
 
-    def claim_band(self, store: Store, c: Any, token: str, lease_until: int, now: int,
-                   queues: Sequence[str] | None, band: Sql, want: int, from_top: bool) -> list[Claimed]:
+    def claim_band(self, store: Store, c: Any, token: str, lease_until: int, now: int, queues: Sequence[str] | None,
+                   below: int | None, band: int | None, want: int) -> list[Claimed]:
         """No UPDATE ... RETURNING here: lock the band's first free rows, mark them, commit.
 
         The band is read in index order with no sort, so InnoDB locks only the rows LIMIT returns
@@ -138,21 +138,20 @@ class MySQLBackend(BaseBackend):
         comes back short, which looks from the band's start too, and at the latest after
         RESUME_SECONDS, when a claim starts from the beginning again.
         """
+        from_top = below is None and band is None  # the claim's first look
         resume = self._resume_point(store, queues) if from_top else None
-        select = self.band_select(CLAIM_COLUMNS, queues, band, now, want)
+        select = self.claim_select(CLAIM_COLUMNS, queues, below, band, now, want)
         claim = _Claim(store, token, [token, lease_until, now], want)
         if resume is not None:
-            claim.resumed = self.band_select(CLAIM_COLUMNS, queues, band, now, want, after=resume)
+            claim.resumed = self.claim_select(CLAIM_COLUMNS, queues, below, band, now, want, after=resume)
         rows = self._in_transaction(store, claim, select)
         if rows:
             self._keep_resume_point(store, queues, rows[-1])
         return rows
 
     def _in_transaction(self, store: Store, claim: _Claim, select: Sql) -> list[Claimed]:
-        from ..db import atomic, is_registered
-
         if is_registered(self.conn):  # tick(): the caller's connection, perhaps inside its transaction
-            with atomic(self.conn), self.conn.cursor() as c:
+            with self.atomic(), self.conn.cursor() as c:
                 return claim.lock_and_mark(c, False, select)
         c = store.cursor()  # (connects first: sends_several asks the driver's connection)
         if not sends_several(self.conn):  # PyMySQL: one statement per call

@@ -22,17 +22,19 @@ class Sql:
 
     def __init__(self, text: str = "", params: Sequence[Any] = ()):
         self.text = text
-        self.params = list(params)
+        self.params = [*params]
 
     def add(self, text: str, *params: Any) -> Sql:
         self.text += text
-        self.params += params
+        if params:
+            self.params += params
         return self
 
     def join(self, part: Sql) -> Sql:
-        """Append ``part``'s text and parameters."""
-        self.text += part.text
-        self.params += part.params
+        """Append ``part``'s text and parameters (``part`` is left as it is)."""
+        if part.text:
+            self.text += part.text
+            self.params += part.params
         return self
 
     def __iter__(self) -> Iterator[Any]:  # sql, params = statement; cursor.execute(*statement)
@@ -100,17 +102,21 @@ def one_queue(queues: Sequence[str] | None) -> bool:
     return bool(queues) and len(queues) == 1
 
 
+#: No condition: what the filters below return when there is nothing to filter (never changed).
+NOTHING = Sql()
+
+
 def queue_filter(queues: Sequence[str] | None) -> Sql:
     """``AND queue ...`` for ``queues`` (nothing when None), as bound parameters."""
     if not queues:
-        return Sql()
+        return NOTHING
     if one_queue(queues):  # an equality: the queue index's ranges
         return Sql(" AND queue = %s", queues)
     return Sql(f" AND queue IN ({placeholders(len(queues))})", queues)
 
 
 def below_filter(below: int | None) -> Sql:
-    return Sql(" AND priority < %s", [below]) if below is not None else Sql()
+    return Sql(" AND priority < %s", [below]) if below is not None else NOTHING
 
 
 def after_point(point: tuple[Any, ...]) -> Sql:
