@@ -70,7 +70,8 @@ def write_lock(conn: BaseDatabaseWrapper) -> AbstractContextManager[Any]:
     return backend_for(conn).write_lock()
 
 
-def atomic(conn: BaseDatabaseWrapper, *, write: bool = True, cursor: Any = None) -> AbstractContextManager[None]:
+def atomic(conn: BaseDatabaseWrapper, *, write: bool = True,
+           cursor: Any = None) -> AbstractContextManager[None]:
     """A short transaction on ``conn`` (see BaseBackend.atomic)."""
     return backend_for(conn).atomic(write=write, cursor=cursor)
 
@@ -108,5 +109,5 @@ def is_transient(exc: BaseException) -> bool:
     return not any(m in message for m in SQLITE_PERMANENT_MESSAGES)
 
 
-__all__ = ["atomic", "configure_connection", "is_registered", "is_transient", "private_connection", "queue_alias",
-           "sends_several", "thread_connected", "write_lock"]
+__all__ = ["atomic", "configure_connection", "is_registered", "is_transient", "private_connection",
+           "queue_alias", "sends_several", "thread_connected", "write_lock"]

@@ -107,7 +107,8 @@ class Store:
     def _fenced(self, sql: str, params: list[Any], job: Claimed, expired_before: int | None = None) -> bool:
         """Apply ``sql`` only while ``job.token`` still holds the row (and, for recovery, only
         while its lease is still expired: a holder that renewed in time keeps it)."""
-        fenced = Sql(sql, params).add(" WHERE id = %s AND status = 'running' AND locked_by = %s", job.id, job.token)
+        fenced = Sql(sql, params)
+        fenced.add(" WHERE id = %s AND status = 'running' AND locked_by = %s", job.id, job.token)
         if expired_before is not None:
             fenced.add(" AND locked_until < %s", expired_before)
         with self.writes, self.cursor() as c:
@@ -169,8 +170,8 @@ class Store:
         marker = self.backend.seed_marker_sql(SEED_MARKER)
         with self.writes, self.cursor() as c:
             c.execute(
-                f"UPDATE rws_jobs{self.backend.running_index_hint()} SET locked_until = %s, locked_by = {marker} "
-                "WHERE status = 'running' AND locked_until IS NULL",
+                f"UPDATE rws_jobs{self.backend.running_index_hint()} SET locked_until = %s, "
+                f"locked_by = {marker} WHERE status = 'running' AND locked_until IS NULL",
                 [until],
             )
             return c.rowcount
@@ -180,8 +181,9 @@ class Store:
         marker = self.backend.seed_marker_sql(SEED_MARKER)
         with self.writes, self.cursor() as c:
             c.execute(
-                f"UPDATE rws_jobs{self.backend.running_index_hint()} SET locked_until = %s, locked_by = {marker} "
-                f"WHERE status = 'running' AND locked_until < %s AND locked_by LIKE %s AND locked_by <> {marker}",
+                f"UPDATE rws_jobs{self.backend.running_index_hint()} SET locked_until = %s, "
+                f"locked_by = {marker} WHERE status = 'running' AND locked_until < %s AND locked_by LIKE %s "
+                f"AND locked_by <> {marker}",
                 [until, now, SEED_MARKER.replace("%", "") + "%"],
             )
             return c.rowcount

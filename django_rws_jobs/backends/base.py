@@ -157,7 +157,8 @@ class BaseBackend(Statements):
                     if band is None:
                         break
                     probe_first = False
-                rows = self.claim_band(store, c, token, lease_until, now, queues, below, band, limit - len(taken))
+                want = limit - len(taken)
+                rows = self.claim_band(store, c, token, lease_until, now, queues, below, band, want)
                 if rows:
                     taken += rows
                     below = rows[0].priority
@@ -169,8 +170,9 @@ class BaseBackend(Statements):
                 probe_first = True
         return taken
 
-    def claim_band(self, store: Store, c: Any, token: str, lease_until: int, now: int, queues: Sequence[str] | None,
-                   below: int | None, band: int | None, want: int) -> list[Claimed]:
+    def claim_band(self, store: Store, c: Any, token: str, lease_until: int, now: int,
+                   queues: Sequence[str] | None, below: int | None, band: int | None,
+                   want: int) -> list[Claimed]:
         """Claim up to ``want`` due jobs of ``band`` (None: the top band below ``below``), in claim
         order: one UPDATE ... RETURNING."""
         select = self.claim_select("id", queues, below, band, now, want)

@@ -90,8 +90,8 @@ class MySQLBackend(BaseBackend):
             index, group, qsql = QUEUE_INDEX, "status, queue, priority", queue_filter(queues)
         due = "CASE WHEN first <= %s THEN priority END"
         sql = Sql(f"SELECT MAX({due}), 1, MAX({due}) < MAX(priority) FROM (SELECT priority, MIN(next_run_at) "
-                  f"AS first FROM rws_jobs FORCE INDEX ({index}) WHERE status >= 'pending' AND status <= 'pending'",
-                  [now, now])
+                  f"AS first FROM rws_jobs FORCE INDEX ({index}) "
+                  "WHERE status >= 'pending' AND status <= 'pending'", [now, now])
         return sql.join(qsql).join(below_filter(below)).add(f" GROUP BY {group}) AS bands")
 
     def private_options(self, options: dict[str, Any]) -> dict[str, Any]:
@@ -123,8 +123,9 @@ class MySQLBackend(BaseBackend):
 
     # -- the claim --------------------------------------------------------------------------------
 
-    def claim_band(self, store: Store, c: Any, token: str, lease_until: int, now: int, queues: Sequence[str] | None,
-                   below: int | None, band: int | None, want: int) -> list[Claimed]:
+    def claim_band(self, store: Store, c: Any, token: str, lease_until: int, now: int,
+                   queues: Sequence[str] | None, below: int | None, band: int | None,
+                   want: int) -> list[Claimed]:
         """No UPDATE ... RETURNING here: lock the band's first free rows, mark them, commit.
 
         The band is read in index order with no sort, so InnoDB locks only the rows LIMIT returns

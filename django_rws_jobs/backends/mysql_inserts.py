@@ -73,9 +73,11 @@ def check_insert_size(conn: Any, params: list[Any], what: str) -> None:
         raise ValueError(f"{what}: {_too_big(n, limit)}")
 
 
-def insert_sized(conn: Any, c: Any, rows: Iterator[list[Any]], batch_size: int, where: Callable[[], str]) -> None:
+def insert_sized(conn: Any, c: Any, rows: Iterator[list[Any]], batch_size: int,
+                 where: Callable[[], str]) -> None:
     """Multi-row INSERTs through the cursor ``c``, each within the server's packet size."""
-    for chunk in sized_batches(rows, batch_size, max_statement_bytes(conn) - len(INSERT_HEAD), _row_bytes, where):
+    budget = max_statement_bytes(conn) - len(INSERT_HEAD)
+    for chunk in sized_batches(rows, batch_size, budget, _row_bytes, where):
         insert_rows(c, chunk)
 
 
@@ -85,7 +87,8 @@ def pipelines(raw: Any) -> bool:
     return hasattr(raw, "send_query") and hasattr(raw, "read_query_result") and hasattr(raw, "literal")
 
 
-def _quoted_rows(literal: Callable[[Any], bytes], rows: Iterator[list[Any]], batch_size: int) -> Iterator[bytes]:
+def _quoted_rows(literal: Callable[[Any], bytes], rows: Iterator[list[Any]],
+                 batch_size: int) -> Iterator[bytes]:
     """Each row's VALUES tuple, quoted by the driver's ``literal``, each distinct value once a
     batch: the rows of one call mostly repeat the same job type, payload, queue, due time and
     limits. The ids are our own UUIDs (hex digits and dashes), which need no escaping."""
@@ -123,7 +126,8 @@ def insert_quoted(conn: Any, raw: Any, rows: Iterator[list[Any]], batch_size: in
     with conn.wrap_database_errors:  # the driver's errors as django.db's, as a cursor raises them
         try:
             budget = max_statement_bytes(conn) - len(head)
-            for chunk in sized_batches(_quoted_rows(raw.literal, rows, batch_size), batch_size, budget, len, where):
+            quoted = _quoted_rows(raw.literal, rows, batch_size)
+            for chunk in sized_batches(quoted, batch_size, budget, len, where):
                 if in_flight:
                     in_flight = False
                     raw.read_query_result()

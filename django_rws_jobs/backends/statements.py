@@ -70,7 +70,8 @@ CLAIM_SET = "status = 'running', locked_by = %s, locked_until = %s, started_at =
 #: Bands without due jobs a claim's band walk passes before it looks for the highest due band by
 #: reading the due rows (see due_band_select).
 MAX_BAND_WALK = 64
-#: The claim order within one priority band (CLAIM_ORDER after its first column), as SQL.
+#: The claim order within one priority band (CLAIM_ORDER after its first column), as SQL. Within a
+#: band every column ascends: BAND_ORDER, band_order_key and after_point are written for that.
 BAND_ORDER = ", ".join(CLAIM_ORDER_COLUMNS[1:])
 BAND_ORDER_ASC = ", ".join(f"{name} ASC" for name in CLAIM_ORDER_COLUMNS[1:])
 #: Sort keys of Claimed rows: within one band, and in the whole claim order.
@@ -178,7 +179,8 @@ class Statements:
         """
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ValueError(f"limit must be a positive int, got {limit!r}")
-        sql = Sql(f"SELECT {columns} FROM rws_jobs{self.claim_index_hint(queues)} WHERE status = 'pending' AND ")
+        sql = Sql(f"SELECT {columns} FROM rws_jobs{self.claim_index_hint(queues)} "
+                  "WHERE status = 'pending' AND ")
         sql.join(band).add(" AND next_run_at <= %s", now).join(self.claim_queue_filter(queues))
         if after is not None:
             sql.join(after_point(after))
@@ -230,8 +232,8 @@ class Statements:
 
     def any_due_select(self, queues: Sequence[str] | None, now: int) -> Sql:
         """Read-only: is any job due? One probe of the due index, however many bands there are."""
-        sql = Sql(f"SELECT 1 FROM rws_jobs{self.due_index_hint()} WHERE status = 'pending' AND next_run_at <= %s",
-                  [now])
+        sql = Sql(f"SELECT 1 FROM rws_jobs{self.due_index_hint()} "
+                  "WHERE status = 'pending' AND next_run_at <= %s", [now])
         return sql.join(queue_filter(queues)).add(" LIMIT 1")
 
     def top_due_band_select(self, queues: Sequence[str] | None, below: int | None, now: int) -> Sql:
@@ -258,10 +260,12 @@ class Statements:
                    "AND (status = 'running') IS TRUE", [*ids, token])
 
     def renew_update(self, tokens: Sequence[str], until: int) -> Sql:
-        return Sql(f"UPDATE rws_jobs{self.running_index_hint()} SET locked_until = %s WHERE status = 'running' "
-                   f"AND locked_by IN ({placeholders(len(tokens))})", [until, *tokens])
+        held = f"locked_by IN ({placeholders(len(tokens))})"
+        return Sql(f"UPDATE rws_jobs{self.running_index_hint()} SET locked_until = %s "
+                   f"WHERE status = 'running' AND {held}", [until, *tokens])
 
     def expired_select(self, now: int, limit: int) -> Sql:
         """Running jobs whose lease ran out, each row a Claimed's fields with its holder as token."""
         return Sql(f"SELECT {CLAIM_COLUMNS}, locked_by FROM rws_jobs{self.running_index_hint()} "
-                   "WHERE status = 'running' AND locked_until < %s ORDER BY locked_until LIMIT %s", [now, limit])
+                   "WHERE status = 'running' AND locked_until < %s ORDER BY locked_until LIMIT %s",
+                   [now, limit])
