@@ -48,6 +48,8 @@ class BaseFeatures:
     max_query_params: int | None = None
     #: Appended to the unique-key lookup to read the latest commit under a lock ("" for none).
     shared_lock = ""
+    #: The driver connection takes several statements in one call (asked of the open connection).
+    sends_several_statements = False
 
     def __init__(self, conn: BaseDatabaseWrapper):
         self.conn = conn

@@ -41,6 +41,10 @@ class MySQLFeatures(BaseFeatures):
     resumes_claims = True
     shared_lock = " LOCK IN SHARE MODE"
 
+    @property
+    def sends_several_statements(self) -> bool:  # type: ignore[override]
+        return sends_several(self.conn)
+
     @cached_property
     def can_return_deleted(self) -> bool:  # type: ignore[override]
         return bool(self.conn.mysql_is_mariadb)  # MariaDB has DELETE ... RETURNING, MySQL not
@@ -155,7 +159,7 @@ class MySQLBackend(BaseBackend):
             with self.atomic(), self.conn.cursor() as c:
                 return claim.lock_and_mark(c, False, select)
         c = store.cursor()  # (connects first: sends_several asks the driver's connection)
-        if not sends_several(self.conn):  # PyMySQL: one statement per call
+        if not self.features.sends_several_statements:  # PyMySQL: one statement per call
             with store.atomic():
                 return claim.lock_and_mark(c, False, select)
         # The worker's own connection: BEGIN goes with the first statement and COMMIT with the
