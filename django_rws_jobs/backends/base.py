@@ -61,7 +61,7 @@ class BaseBackend(Statements):
     def __init__(self, conn: BaseDatabaseWrapper):
         self.conn = conn
         self.features = self.features_class(conn)
-        self._selects: dict[tuple[Any, ...], Sql] = {}  # see claim_select
+        self._kept: dict[tuple[Any, ...], Sql] = {}  # see claim_select
 
     # -- session set-up ---------------------------------------------------------------------------
 
@@ -185,21 +185,21 @@ class BaseBackend(Statements):
 
     def claim_select(self, columns: str, queues: Sequence[str] | None, below: int | None, band: int | None,
                      now: int, want: int, after: tuple[Any, ...] | None = None) -> Sql:
-        """``band_select`` for the band ``band`` (None: the top band below ``below``), kept for the
-        claims that follow within the same second: a busy queue's claims repeat it. The kept
-        statements are never changed (claim_update copies its text and parameters)."""
-        if after is None:
-            key = (columns, tuple(queues) if queues else None, below, band, now, want)
-            select = self._selects.get(key)
-            if select is not None:
-                return select
-            if len(self._selects) >= 64:
-                self._selects.clear()
-        in_band = self.in_top_band(queues, below) if band is None else self.in_band(band)
-        select = self.band_select(columns, queues, in_band, now, want, after)
-        if after is None:  # (a resume point is new at every claim)
-            self._selects[key] = select
-        return select
+        """``band_select`` for the band ``band`` (None: the top band below ``below``), after the
+        point ``after``, kept for the claims that follow within the same second: a busy queue's
+        claims repeat it. With a point (new at every claim), its range (band_range) is kept. What
+        is kept is never changed (claim_update and band_end copy it)."""
+        key = (columns, tuple(queues) if queues else None, below, band, now, want if after is None else 0)
+        kept = self._kept.get(key)
+        if kept is None:
+            if len(self._kept) >= 64:
+                self._kept.clear()
+            in_band = self.in_top_band(queues, below) if band is None else self.in_band(band)
+            kept = self.band_range(columns, queues, in_band, now)
+            if after is None:
+                kept = self.band_end(kept, want)
+            self._kept[key] = kept
+        return kept if after is None else self.band_end(kept, want, after)
 
     def find_band(self, store: Store, c: Any, queues: Sequence[str] | None, below: int | None,
                   now: int) -> int | None:

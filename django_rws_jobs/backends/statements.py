@@ -126,8 +126,7 @@ def after_point(point: tuple[Any, ...]) -> Sql:
     which MariaDB's range optimizer turns into index ranges over all the claim index's columns
     (a row comparison it uses for its first column only); the point bounds only its own band
     (tests/test_explain.py test_a_resumed_claim_is_one_index_range_over_all_five_columns)."""
-    (band, *rest), (band_value, *values) = CLAIM_ORDER_COLUMNS, point
-    return Sql(f" AND ({band} <> %s OR ", [band_value]).join(_after(rest, values)).add(")")
+    return Sql(_AFTER.text, [point[i] for i in _AFTER.params])
 
 
 def _after(columns: Sequence[str], values: Sequence[Any]) -> Sql:
@@ -139,6 +138,15 @@ def _after(columns: Sequence[str], values: Sequence[Any]) -> Sql:
     if len(columns) > 2:
         rest = Sql("(").join(rest).add(")")
     return sql.add(f" OR ({columns[0]} = %s AND ", values[0]).join(rest).add(")")
+
+
+def _after_template() -> Sql:
+    """after_point's text, with the index in the point of each parameter as the parameter."""
+    (band, *rest), (band_index, *indexes) = CLAIM_ORDER_COLUMNS, range(len(CLAIM_ORDER_COLUMNS))
+    return Sql(f" AND ({band} <> %s OR ", [band_index]).join(_after(rest, indexes)).add(")")
+
+
+_AFTER = _after_template()
 
 
 class Statements:
@@ -177,11 +185,19 @@ class Statements:
         assert_prepared_claims_are_index_ranges). A worker uses few limits (1 to its thread
         count), so this makes few statements.
         """
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError(f"limit must be a positive int, got {limit!r}")
+        return self.band_end(self.band_range(columns, queues, band, now), limit, after)
+
+    def band_range(self, columns: str, queues: Sequence[str] | None, band: Sql, now: int) -> Sql:
+        """band_select up to its start point and order."""
         sql = Sql(f"SELECT {columns} FROM rws_jobs{self.claim_index_hint(queues)} "
                   "WHERE status = 'pending' AND ")
-        sql.join(band).add(" AND next_run_at <= %s", now).join(self.claim_queue_filter(queues))
+        return sql.join(band).add(" AND next_run_at <= %s", now).join(self.claim_queue_filter(queues))
+
+    def band_end(self, band_range: Sql, limit: int, after: tuple[Any, ...] | None = None) -> Sql:
+        """A new statement: ``band_range``, then the start point, the order and the limit."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"limit must be a positive int, got {limit!r}")
+        sql = Sql(band_range.text, band_range.params)
         if after is not None:
             sql.join(after_point(after))
         return sql.add(f" ORDER BY {BAND_ORDER_ASC} LIMIT {limit}")
