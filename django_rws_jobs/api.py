@@ -4,26 +4,24 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import itertools
-import math
-import re
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, connections, transaction
-from django.db.models import BooleanField, Case, QuerySet, Value, When
-from django.db.models.expressions import RawSQL
-from django.utils import timezone
+from django.db.models import Case, QuerySet, Value, When
 
 from . import ids
+from .backends import backend_for
+from .backends.cursors import kept_cursor
+from .backends.inserts import INSERT_SQL
 from .conf import jobs_settings
-from .db import max_statement_bytes, queue_alias
+from .db import queue_alias
 from .models import Job, Status
 from .registry import registry
-from .validation import INT32_MAX, INT64_MAX, INT64_MIN, UNIQUE_MAX, queue_list, queue_name, show
+from .validation import INT32_MAX, INT64_MAX, INT64_MIN, UNIQUE_MAX, due_at, queue_list, queue_name, show
 from .validation import integer as _int
 from .validation import job_id as _job_id
 from .validation import only_known as _only_known
@@ -31,64 +29,6 @@ from .validation import text as _text
 
 #: What a dict item of enqueue_many may hold: enqueue's options, nothing internal.
 ITEM_KEYS = ("job_type", "payload", "queue", "priority", "run_at", "run_in", "unique", "max_retries")
-
-INSERT_HEAD = (
-    "INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
-    "created_at, queue, priority, unique_key, unique_hash) VALUES "
-)
-INSERT_VALUES = "(%s, %s, %s, 'pending', 0, %s, %s, %s, %s, %s, %s, %s)"
-INSERT_SQL = INSERT_HEAD + INSERT_VALUES
-COPY_SQL = (
-    "COPY rws_jobs (id, job_type, payload, max_retries, next_run_at, created_at, queue, priority, "
-    "unique_key, unique_hash) FROM STDIN"
-)
-
-
-def _due_at(run_at: Any, run_in: Any, now: float) -> int:
-    """Unix second at which the job becomes due, rounded up so it never runs early."""
-    if run_at is not None and run_in is not None:
-        raise ValueError("give run_at or run_in, not both")
-    if run_at is not None:
-        return _run_at_second(run_at)
-    if run_in is not None:
-        due = math.ceil(now + _delay(run_in))
-        if due > INT64_MAX:
-            raise ValueError(f"run_in {show(run_in)} is too far ahead; the limit is "
-                             f"{INT64_MAX - int(now)} seconds")
-        return due
-    return int(now)
-
-
-def _run_at_second(run_at: Any) -> int:
-    if not isinstance(run_at, dt.datetime):
-        raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__} {show(run_at)}")
-    if timezone.is_naive(run_at):
-        if settings.USE_TZ:
-            raise ValueError(
-                f"run_at {run_at.isoformat()} is a naive datetime while USE_TZ is on; "
-                "pass an aware one (django.utils.timezone.now() + ...)"
-            )
-        run_at = timezone.make_aware(run_at, timezone.get_default_timezone())
-    return max(math.ceil(run_at.timestamp()), 0)
-
-
-def _delay(run_in: Any) -> float:
-    """``run_in`` in seconds: finite and not negative. An int too big for a float is clamped
-    first, so that it gets the errors of its sign ("too far ahead", "non-negative"), not an
-    OverflowError.
-    (tests/test_input.py::test_huge_delays_are_a_value_error_naming_the_limit)"""
-    if isinstance(run_in, dt.timedelta):
-        seconds = run_in.total_seconds()
-    elif isinstance(run_in, int) and not isinstance(run_in, bool):
-        seconds = float(max(min(run_in, 2**64), -1))
-    elif isinstance(run_in, float):
-        seconds = run_in
-    else:
-        raise TypeError(f"run_in must be a timedelta or seconds, got {type(run_in).__name__} {show(run_in)}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"run_in {show(run_in)} must be a finite, non-negative delay")
-    return seconds
-
 
 def unique_hash(job_type: str, unique: str) -> str:
     return hashlib.sha256(f"{job_type}\x00{unique}".encode()).hexdigest()
@@ -111,7 +51,7 @@ def prepare(
     if unique is not None:
         unique = _text("unique key", unique, limit=UNIQUE_MAX)
     now = time.time() if now is None else now
-    due = _due_at(run_at, run_in, now)
+    due = due_at(run_at, run_in, now)
     return [
         ids.new_id(), job_type, payload, max_retries, due, int(now), queue, priority, unique,
         unique_hash(job_type, unique) if unique is not None else None,
@@ -129,7 +69,7 @@ def enqueue(job_type: str, payload: str = "", *, queue: str | None = None, prior
     params = prepare(job_type, payload, queue=queue, priority=priority, run_at=run_at, run_in=run_in,
                      unique=unique, max_retries=max_retries)
     alias = queue_alias(using)
-    _check_statement_size(connections[alias], params, "the job")
+    backend_for(connections[alias]).check_insert_size(params, "the job")
     if params[-1] is None:
         _insert(connections[alias], params)
         job_id = params[0]
@@ -141,34 +81,12 @@ def enqueue(job_type: str, payload: str = "", *, queue: str | None = None, prior
 
 def _insert(conn: Any, params: list[Any]) -> None:
     """One job's INSERT, on the caller's connection and in its transaction (if any)."""
-    cursor = _kept_cursor(conn)
+    cursor = kept_cursor(conn)
     if cursor is None:
         with conn.cursor() as c:
             c.execute(INSERT_SQL, params)
     else:
         cursor.execute(INSERT_SQL, params)
-
-
-def _kept_cursor(conn: Any) -> Any:
-    """A cursor kept on ``conn`` for enqueue's INSERT, made as ``conn.cursor()`` makes one.
-
-    ``cursor()`` builds a new driver cursor and Django's wrapper around it every time: with
-    psycopg 3 that was a third of enqueue's CPU time in the client (measured). The kept one is
-    Django's own wrapper, so ``execute_wrapper`` and error translation still apply; while Django
-    logs queries (DEBUG, ``assertNumQueries``) each enqueue takes a new cursor, which logs. It is
-    replaced when Django reconnects.
-    """
-    if conn.queries_logged:
-        return None
-    conn.close_if_health_check_failed()
-    conn.ensure_connection()
-    conn.validate_thread_sharing()
-    kept = getattr(conn, "_rws_insert_cursor", None)
-    if kept is None or kept[0] is not conn.connection:
-        with conn.wrap_database_errors:
-            kept = (conn.connection, conn.make_cursor(conn.create_cursor()))
-        conn._rws_insert_cursor = kept
-    return kept[1]
 
 
 def _wake_local_workers(alias: str) -> None:
@@ -216,15 +134,7 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
             # through the cursor as a str with its parameters, as Django documents
             # (test_enqueue_many_statements_are_seen_by_execute_wrappers_and_the_query_log).
             watched = bool(conn.execute_wrappers) or conn.queries_logged
-            if conn.vendor == "postgresql" and hasattr(c.cursor, "copy") and not watched:  # psycopg 3
-                # COPY streams the rows: several times faster than multi-row INSERTs here.
-                with conn.wrap_database_errors, c.cursor.copy(COPY_SQL) as copy:
-                    for row in plain():
-                        copy.write_row(row)
-            elif conn.vendor == "mysql" and _pipelines(c.cursor.connection) and not watched:  # mysqlclient
-                _insert_quoted(conn, c.cursor.connection, plain(), batch_size, where)
-            else:
-                _insert_plain(conn, c, plain(), batch_size, where)
+            backend_for(conn).insert_many(c, plain(), batch_size, where, watched)
         ids = [r[0] if r[-1] is None else _insert_unique_checked(conn, alias, r, i)
                for i, r in enumerate(rows)]
         _wake_local_workers(alias)
@@ -246,159 +156,8 @@ def _item_params(item: Any) -> list[Any]:
     raise TypeError(f"a job must be a job_type, a (job_type, payload) pair or a dict, got {show(item)}")
 
 
-def _insert_plain(conn: Any, c: Any, rows: Iterator[list[Any]], batch_size: int,
-                  where: Callable[[], str]) -> None:
-    """Multi-row INSERTs through the cursor, each within the database's limits on a statement."""
-    if conn.vendor == "sqlite":  # at most SQLite's limit on a statement's parameters
-        batch_size = min(batch_size, _sqlite_rows_per_statement(c.cursor.connection))
-    elif conn.vendor == "postgresql":  # the protocol's limit: 65,535 parameters a statement
-        batch_size = min(batch_size, 65_535 // 10)
-    if conn.vendor == "mysql":
-        chunks = _sized_batches(rows, batch_size, max_statement_bytes(conn) - len(INSERT_HEAD),
-                                _row_bytes, where)
-    else:
-        chunks = _batches(rows, batch_size)
-    for chunk in chunks:
-        values = ", ".join([INSERT_VALUES] * len(chunk))
-        c.execute(INSERT_HEAD + values, [v for row in chunk for v in row])
-
-
-def _batches(rows: Iterator[list[Any]], size: int) -> Iterator[list[list[Any]]]:
-    while chunk := list(itertools.islice(rows, size)):
-        yield chunk
-
-
-def _sized_batches(rows: Iterator[Any], size: int, budget: int, nbytes: Callable[[Any], int],
-                   where: Callable[[], str]) -> Iterator[list[Any]]:
-    """Batches of at most ``size`` rows whose values (``nbytes(row)`` each, and a separator) take
-    at most ``budget`` bytes: MariaDB refuses a statement longer than its max_allowed_packet, and
-    with it the whole batch (test_enqueue_many_splits_statements_by_the_servers_packet_limit)."""
-    chunk: list[Any] = []
-    used = 0
-    for row in rows:
-        n = nbytes(row) + 2
-        if n > budget:
-            raise ValueError(f"{where()}: {_too_big(len(INSERT_HEAD) + n, len(INSERT_HEAD) + budget)}")
-        if chunk and (len(chunk) >= size or used + n > budget):
-            yield chunk
-            chunk, used = [], 0
-        chunk.append(row)
-        used += n
-    if chunk:
-        yield chunk
-
-
-def _too_big(n: int, limit: int) -> str:
-    return (f"its INSERT statement is about {n:,} bytes; the server's max_allowed_packet allows "
-            f"statements of {limit:,} bytes (store large payloads elsewhere, or raise the limit)")
-
-
-#: The characters MariaDB/MySQL quoting escapes (one byte more each), whatever the driver.
-_ESCAPED = re.compile(r"[\x00\n\r\\'\"\x1a]")
-
-
-def _literal_bytes(value: Any) -> int:
-    """An upper bound on the length of ``value`` quoted as a MariaDB/MySQL literal."""
-    if isinstance(value, str):
-        return len(value.encode()) + len(_ESCAPED.findall(value)) + 2
-    return 4 if value is None else len(str(value))
-
-
-def _row_bytes(row: list[Any]) -> int:
-    return len(INSERT_VALUES) + sum(_literal_bytes(v) for v in row)
-
-
-def _check_statement_size(conn: Any, params: list[Any], what: str) -> None:
-    """MariaDB/MySQL: refuse a job whose INSERT the server would refuse for its size. (The
-    server's answer, error 1153, also drops the connection, and the caller's transaction with it.)"""
-    if conn.vendor != "mysql":
-        return
-    # A bound first, cheap to compute: at most 4 bytes a character as UTF-8, 20 a number.
-    rough = len(INSERT_SQL) + sum(4 * len(v) + 2 if isinstance(v, str) else 20 for v in params)
-    if rough < 1024 or rough <= (limit := max_statement_bytes(conn)):  # (no server takes less than 1 KiB)
-        return
-    n = len(INSERT_HEAD) + _row_bytes(params)
-    if n > limit:
-        raise ValueError(f"{what}: {_too_big(n, limit)}")
-
-
-def _sqlite_rows_per_statement(raw: Any) -> int:
-    """Rows (10 parameters each) that fit SQLite's limit on a statement's parameters: 32,766 in
-    SQLite's default build since 3.32, 999 before; builds differ (Debian's: 250,000)."""
-    try:
-        import sqlite3
-
-        limit = raw.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)  # Python 3.11+
-    except AttributeError:
-        limit = 999
-    return max(limit // 10, 1)
-
-
-def _pipelines(raw: Any) -> bool:
-    """Whether the MariaDB/MySQL driver connection ``raw`` can send a statement and read its
-    answer later, quoting values to bytes (mysqlclient; PyMySQL takes the plain path)."""
-    return hasattr(raw, "send_query") and hasattr(raw, "read_query_result") and hasattr(raw, "literal")
-
-
-def _insert_quoted(conn: Any, raw: Any, rows: Iterator[list[Any]], batch_size: int,
-                   where: Callable[[], str]) -> None:
-    """MySQL: multi-row INSERTs whose values are quoted here by the driver's own quoting, each
-    distinct value once a batch. mysqlclient quotes every parameter of every row, which was most
-    of a bulk enqueue's time in the client (10 values a row), while the rows of one call mostly
-    repeat the same job type, payload, queue, due time and limits. The ids are our own UUIDs
-    (hex digits and dashes), which need no escaping.
-
-    The statements are pipelined: each is sent, and the next batch is validated and built while
-    the server inserts the rows of the one before (the driver lets go of the GIL while it waits),
-    so the two cores work at once. Only while nothing watches the connection's statements
-    (execute wrappers, the query log): they would get neither a str nor each statement."""
-    literal = raw.literal
-    head = INSERT_HEAD.encode()
-    tail_format = INSERT_VALUES.encode().replace(b"(%s, ", b"', ", 1)  # the row after its id
-    quoted: dict[tuple[type, Any], bytes] = {}
-    tails: dict[tuple[Any, ...], bytes] = {}
-
-    def values() -> Iterator[bytes]:
-        for job_id, *rest in rows:
-            if len(tails) > batch_size:  # remember a batch's worth of distinct values
-                quoted.clear()
-                tails.clear()
-            key = tuple(rest)
-            tail = tails.get(key)
-            if tail is None:
-                parts = []
-                for v in rest:
-                    q = quoted.get((type(v), v))
-                    if q is None:
-                        q = quoted[(type(v), v)] = literal(v)
-                    parts.append(q)
-                tail = tails[key] = tail_format % tuple(parts)
-            yield b"('" + job_id.encode() + tail
-
-    in_flight = False
-    with conn.wrap_database_errors:  # the driver's errors as django.db's, as a cursor raises them
-        try:
-            budget = max_statement_bytes(conn) - len(head)
-            for chunk in _sized_batches(values(), batch_size, budget, len, where):
-                sql = head + b", ".join(chunk)
-                if in_flight:
-                    in_flight = False
-                    raw.read_query_result()
-                raw.send_query(sql)
-                in_flight = True
-            if in_flight:
-                in_flight = False
-                raw.read_query_result()
-        finally:
-            if in_flight:  # interrupted while the server worked: read its answer, so the
-                try:       # connection stays in step for the rollback that follows
-                    raw.read_query_result()
-                except Exception:
-                    pass
-
-
 def _insert_unique_checked(conn: Any, alias: str, params: list[Any], index: int) -> str:
-    _check_statement_size(conn, params, f"job #{index}")
+    backend_for(conn).check_insert_size(params, f"job #{index}")
     return _insert_unique(alias, params)
 
 
@@ -408,7 +167,7 @@ def _insert_unique(alias: str, params: list[Any]) -> str:
     # A shared-lock read sees the latest commit even where a plain read sees an older snapshot
     # (MySQL's REPEATABLE READ); it is only the fallback, because it holds the holder's row until
     # the caller commits.
-    share = {"postgresql": " FOR SHARE", "mysql": " LOCK IN SHARE MODE"}.get(conn.vendor, "")
+    share = backend_for(conn).features.shared_lock
     lookup = "SELECT id, status FROM rws_jobs WHERE unique_hash = %s"
     for _ in range(10):
         try:
@@ -499,10 +258,9 @@ def retry_many(job_ids: Iterable[str], *, using: str | None = None,
 
 
 def _retry_batch_size(conn: Any) -> int:
-    if conn.vendor != "sqlite":
-        return RETRY_BATCH
-    conn.ensure_connection()
-    return max(min(RETRY_BATCH, _sqlite_rows_per_statement(conn.connection) * 10 // 3), 1)
+    """Ids per batch: each takes up to three parameters (in the IN list and in the CASE)."""
+    limit = backend_for(conn).features.max_query_params
+    return RETRY_BATCH if limit is None else max(min(RETRY_BATCH, limit // 3), 1)
 
 
 def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[str]]:
@@ -554,13 +312,9 @@ def delete(job_id: str, *, using: str | None = None) -> bool:
 
 
 def _by_id(alias: str, job_id: str) -> QuerySet[Job]:
-    """The job whose id is exactly ``job_id``. MySQL's PAD SPACE collations, utf8mb4_bin among
-    them, also match 'a ' to 'a' (and a _ci one 'A'): there the bytes must match too.
-    (tests/test_input.py::test_retry_and_delete_give_the_same_answer_on_every_database)"""
-    rows = Job.objects.using(alias).filter(id=job_id)
-    if connections[alias].vendor == "mysql":
-        rows = rows.filter(RawSQL("BINARY id = %s", [job_id], output_field=BooleanField()))
-    return rows
+    """The job whose id is exactly ``job_id``, whatever the column's collation (see
+    MySQLBackend.exact_id)."""
+    return backend_for(connections[alias]).exact_id(Job.objects.using(alias).filter(id=job_id), job_id)
 
 
 def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:

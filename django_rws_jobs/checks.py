@@ -103,10 +103,6 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     alias = jobs_settings.DATABASE
     if not isinstance(alias, str) or alias not in connections.settings:
         return []  # reported by check_settings
-    if connections[alias].vendor == "sqlite":
-        import sqlite3
+    from .backends import backend_for
 
-        if sqlite3.sqlite_version_info < (3, 35):
-            return [Error(f"SQLite {sqlite3.sqlite_version} is too old for django-rws-jobs; it needs 3.35 or "
-                          "newer (UPDATE ... RETURNING)", id="rws_jobs.E013")]
-    return []
+    return backend_for(connections[alias]).check()

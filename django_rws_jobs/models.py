@@ -23,6 +23,14 @@ class Status(models.TextChoices):
     FAILED = "failed", _("failed")
 
 
+#: The order in which jobs are claimed, as ``order_by`` takes it: highest priority first, then the
+#: earliest due, the oldest, the smallest id. The claim's SQL, its Python sort keys and the claim
+#: indexes below are built from it (backends/statements.py).
+CLAIM_ORDER = ("-priority", "next_run_at", "created_at", "id")
+#: CLAIM_ORDER's columns, without the direction.
+CLAIM_ORDER_COLUMNS = tuple(name.lstrip("-") for name in CLAIM_ORDER)
+
+
 class JobQuerySet(models.QuerySet):
     def pending(self) -> JobQuerySet:
         return self.filter(status=Status.PENDING)
@@ -46,7 +54,7 @@ class JobQuerySet(models.QuerySet):
         )
 
     def in_queue_order(self) -> JobQuerySet:
-        return self.order_by("-priority", "next_run_at", "created_at", "id")
+        return self.order_by(*CLAIM_ORDER)
 
 
 class Job(models.Model):
@@ -88,15 +96,14 @@ class Job(models.Model):
         verbose_name_plural = _("jobs")
         indexes = [
             # The claim: for each priority band, due rows in order are one range that LIMIT stops,
-            # and the next band is one probe (see store.Store.claim); future rows lie past it.
-            models.Index(fields=["status", "priority", "next_run_at", "created_at", "id"], name="rws_jobs_claim_idx"),
+            # and the next band is one probe (see backends.base.BaseBackend.claim); future rows lie past it.
+            models.Index(fields=["status", *CLAIM_ORDER_COLUMNS], name="rws_jobs_claim_idx"),
             # Is anything due at all (an idle worker's first look), and in which band, when many
             # bands hold only future jobs: a range over due rows only.
             models.Index(fields=["status", "next_run_at", "priority"], name="rws_jobs_due_idx"),
             # The claim of a worker that serves one queue (--queue): the same bands, within the
             # queue, so other queues' backlogs lie outside its ranges.
-            models.Index(fields=["status", "queue", "priority", "next_run_at", "created_at", "id"],
-                         name="rws_jobs_queue_idx"),
+            models.Index(fields=["status", "queue", *CLAIM_ORDER_COLUMNS], name="rws_jobs_queue_idx"),
             # No index for lease recovery (migration 0006 dropped rws_jobs_lease_idx): it reads
             # the 'running' range of the indexes above (the running jobs' rows), while an index
             # of its own cost every claim and every deletion more index writes. Their plans are

@@ -1,4 +1,4 @@
-"""What a value must be before it reaches the database: text, integers, queue names, job ids.
+"""What a value must be before it reaches the database: text, integers, queue names, job ids, due times.
 
 A value of the wrong type raises TypeError, a value out of bounds ValueError; both name the value
 and the limit. Only the standard library here: ``registry`` (imported before Django is set up)
@@ -7,6 +7,8 @@ checks ``@job`` options with these too.
 
 from __future__ import annotations
 
+import datetime as dt
+import math
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -101,3 +103,52 @@ def only_known(name: str, value: Any, known: Iterable[str]) -> None:
     if unknown:
         raise TypeError(f"unknown {name}{'s' if len(unknown) > 1 else ''} "
                         f"{', '.join(show(k) for k in unknown)}; the known ones are {', '.join(known)}")
+
+
+def due_at(run_at: Any, run_in: Any, now: float) -> int:
+    """Unix second at which the job becomes due, rounded up so it never runs early."""
+    if run_at is not None and run_in is not None:
+        raise ValueError("give run_at or run_in, not both")
+    if run_at is not None:
+        return _run_at_second(run_at)
+    if run_in is not None:
+        due = math.ceil(now + _delay(run_in))
+        if due > INT64_MAX:
+            raise ValueError(f"run_in {show(run_in)} is too far ahead; the limit is "
+                             f"{INT64_MAX - int(now)} seconds")
+        return due
+    return int(now)
+
+
+def _run_at_second(run_at: Any) -> int:
+    from django.conf import settings  # (Django is set up by the time a job is enqueued)
+    from django.utils import timezone
+
+    if not isinstance(run_at, dt.datetime):
+        raise TypeError(f"run_at must be a datetime, got {type(run_at).__name__} {show(run_at)}")
+    if timezone.is_naive(run_at):
+        if settings.USE_TZ:
+            raise ValueError(
+                f"run_at {run_at.isoformat()} is a naive datetime while USE_TZ is on; "
+                "pass an aware one (django.utils.timezone.now() + ...)"
+            )
+        run_at = timezone.make_aware(run_at, timezone.get_default_timezone())
+    return max(math.ceil(run_at.timestamp()), 0)
+
+
+def _delay(run_in: Any) -> float:
+    """``run_in`` in seconds: finite and not negative. An int too big for a float is clamped
+    first, so that it gets the errors of its sign ("too far ahead", "non-negative"), not an
+    OverflowError.
+    (tests/test_input.py::test_huge_delays_are_a_value_error_naming_the_limit)"""
+    if isinstance(run_in, dt.timedelta):
+        seconds = run_in.total_seconds()
+    elif isinstance(run_in, int) and not isinstance(run_in, bool):
+        seconds = float(max(min(run_in, 2**64), -1))
+    elif isinstance(run_in, float):
+        seconds = run_in
+    else:
+        raise TypeError(f"run_in must be a timedelta or seconds, got {type(run_in).__name__} {show(run_in)}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"run_in {show(run_in)} must be a finite, non-negative delay")
+    return seconds

@@ -6,21 +6,27 @@ import time
 import pytest
 from django.db import connection
 
-from django_rws_jobs.store import (
-    after_point,
-    any_due_select,
-    band_select,
-    claim_update,
-    complete_delete,
-    due_band_select,
-    top_band_select,
-    top_due_band_select,
-    top_priority_select,
-)
+from django_rws_jobs.backends import backend_for
+from tests.features import skip_unless_db_feature
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 FUTURE_ROWS = int(os.environ.get("RWS_EXPLAIN_ROWS", "1000000"))
+
+
+def ops():
+    """The statements of the test database's backend, as the worker builds them."""
+    return backend_for(connection)
+
+
+def top_band_select(columns, queues, below, now, limit, after=None):
+    """The claim's select from the top band (below ``below``)."""
+    return ops().band_select(columns, queues, ops().in_top_band(queues, below), now, limit, after=after)
+
+
+def claim_update(queues, now, limit):
+    """The claim's UPDATE from the top band, as the worker runs it on PostgreSQL and SQLite."""
+    return ops().claim_update(top_band_select("id", queues, None, now, limit), "token", now + 60, now)
 
 
 def analyze():
@@ -98,8 +104,7 @@ def assert_prepared_claims_are_index_ranges(now: int) -> None:
     # rows, a full scan and a sort, kept once the table has grown, without enable_seqscan off).
     for queues in (None, ["default", "mailers"]):
         for limit in (1, 4, 16):
-            select, params = top_band_select("id", queues, None, now, limit)
-            text = generic_plan(claim_update(select, "postgresql"), ["token", now + 60, now, *params])
+            text = generic_plan(*claim_update(queues, now, limit))
             assert_index_range(text)
             assert "rws_jobs_pkey" in text, text
 
@@ -119,29 +124,28 @@ def test_claim_statements_are_index_ranges_with_a_million_future_rows():
             analyze()
         for queues in (None, ["default", "mailers"]):
             for priority in (0, 2):
-                assert_index_range(plan(*band_select("id", queues, priority, now, 16, connection.vendor)))
+                assert_index_range(plan(*ops().band_select("id", queues, ops().in_band(priority), now, 16)))
             for below in (None, 2):
-                assert_index_range(plan(*top_band_select("id", queues, below, now, 16, connection.vendor)))
+                assert_index_range(plan(*top_band_select("id", queues, below, now, 16)))
         if connection.vendor == "postgresql":
             assert_prepared_claims_are_index_ranges(now)
         for below in (None, 2):
             # The band walk (the idle poll's, and a claim's below future-only bands): index probes
             # per band, never the due rows or the bands' rows.
             for queues in (None, ["default", "mailers"]):
-                assert_band_walk(plan(*due_band_select(queues, below, now, connection.vendor)), queues)
+                assert_band_walk(plan(*ops().due_band_select(queues, below, now)), queues)
         if connection.vendor == "postgresql":  # prepared, as the worker runs it
             for queues in (None, ["default", "mailers"]):
-                assert_band_walk(generic_plan(*due_band_select(queues, None, now, "postgresql")), queues)
+                assert_band_walk(generic_plan(*ops().due_band_select(queues, None, now)), queues)
         for queues in (None, ["default"]):
-            for sql in (any_due_select(queues, now, connection.vendor),
-                        top_due_band_select(queues, None, now, connection.vendor)):
+            for sql in (ops().any_due_select(queues, now), ops().top_due_band_select(queues, None, now)):
                 text = plan(*sql)
                 assert "rws_jobs_due_idx" in text, text
                 assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
-        text = plan(*top_priority_select(None, None))
+        text = plan(*ops().top_priority_select(None, None))
         assert "rws_jobs_claim_idx" in text or "optimized away" in text, text
         assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
-        text = plan(*top_priority_select(None, 2))
+        text = plan(*ops().top_priority_select(None, 2))
         assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
         assert_completion_by_primary_key()
 
@@ -177,14 +181,14 @@ def test_a_one_queue_claim_reads_only_its_queue_with_a_million_rows_in_another()
     for queues in (["mailers"], ["default"]):
         other = queues == ["mailers"]
         for below in (None, 2):
-            text = plan(*top_band_select("id", queues, below, now, 16, connection.vendor))
+            text = plan(*top_band_select("id", queues, below, now, 16))
             assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
             assert "Sort" not in text and "TEMP B-TREE" not in text and "filesort" not in text, text
             if other:
                 assert uses(text, "rws_jobs_queue_idx"), text
                 assert not uses(text, "rws_jobs_claim_idx") and not uses(text, "rws_jobs_due_idx"), text
-        for sql in (due_band_select(queues, None, now, connection.vendor),  # the idle poll's band walk
-                    top_priority_select(queues, None)):
+        for sql in (ops().due_band_select(queues, None, now),  # the idle poll's band walk
+                    ops().top_priority_select(queues, None)):
             text = plan(*sql)
             assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
             assert "Hash" not in text and not uses(text, "rws_jobs_due_idx"), text
@@ -192,8 +196,7 @@ def test_a_one_queue_claim_reads_only_its_queue_with_a_million_rows_in_another()
                 assert uses(text, "rws_jobs_queue_idx") or "optimized away" in text, text
                 assert not uses(text, "rws_jobs_claim_idx"), text
         if connection.vendor == "postgresql":  # prepared, as the worker runs it
-            select, params = top_band_select("id", queues, None, now, 4, "postgresql")
-            text = generic_plan(claim_update(select, "postgresql"), ["token", now + 60, now, *params])
+            text = generic_plan(*claim_update(queues, now, 4))
             assert "Sort" not in text and "Seq Scan" not in text, text
             assert "rws_jobs_queue_idx" in text or not other, text
 
@@ -204,16 +207,16 @@ def assert_completion_by_primary_key() -> None:
     for n in (1, 4):
         ids = [f"d{i}" for i in range(1, n + 1)]
         if connection.vendor == "postgresql":
-            text = generic_plan(complete_delete(n) + " RETURNING id", [*ids, "token"])
+            text = generic_plan(*ops().complete_delete(ids, "token").add(" RETURNING id"))
             assert "rws_jobs_pkey" in text, text
         elif connection.vendor == "mysql":
             import json
 
-            text = plan(complete_delete(n), [*ids, "token"])
+            text = plan(*ops().complete_delete(ids, "token"))
             assert json.loads(text)["query_block"]["table"]["key"] == "PRIMARY", text
             continue
         else:
-            text = plan(complete_delete(n), [*ids, "token"])
+            text = plan(*ops().complete_delete(ids, "token"))
             assert "sqlite_autoindex_rws_jobs_1" in text, text
         for other in ("rws_jobs_claim_idx", "rws_jobs_due_idx", "rws_jobs_queue_idx"):
             assert other not in text, text
@@ -292,18 +295,18 @@ def test_claim_keeps_to_the_claim_index_with_statistics_from_before_a_burst():
         c.execute("DELETE FROM rws_jobs")
         c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at) "
                   "SELECT 'b' || x, 't', %s, %s FROM generate_series(1, 20000) AS g(x)", [now - 5, now - 5])
-    select, params = top_band_select("id", None, None, now, 4)
+    claim = claim_update(None, now, 4)
     conn = private_connection("default")  # with the worker's session settings
     try:
         with conn.cursor() as c:
-            c.execute("EXPLAIN " + claim_update(select, "postgresql"), ["token", now + 60, now, *params])
+            c.execute("EXPLAIN " + claim.text, claim.params)
             text = "\n".join(r[0] for r in c.fetchall())
     finally:
         conn.close()
     assert_index_range(text)
 
 
-@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "mysql", reason="MariaDB's resumed claims")
+@skip_unless_db_feature("resumes_claims")
 def test_a_resumed_claim_is_one_index_range_over_all_five_columns():
     # The range must start at the point (all five columns of the claim index), or it would read
     # the delete-marked entries of the rows claimed a moment ago, which is what resuming avoids.
@@ -312,9 +315,8 @@ def test_a_resumed_claim_is_one_index_range_over_all_five_columns():
     now = fill(FUTURE_ROWS, 5000)
     # Claims resume only without a queue filter: with one, the top band's subquery is not known
     # when MariaDB plans, and the point could not bound the range. (The top band here is 2.)
-    select, params = top_band_select("id", None, None, now, 4, connection.vendor)
     for point in ((2, now - 8, now, "d2500"), (2, now - 3, now - 5, "d1")):
-        text = plan(*after_point(select, params, point))
+        text = plan(*top_band_select("id", None, None, now, 4, after=point))
         assert_index_range(text)
         table = json.loads(text)["query_block"]["nested_loop"][0]["table"]
         assert table["key"] == "rws_jobs_claim_idx", text

@@ -3,7 +3,8 @@
 Both kinds of import count: a module-level one (a circle there fails at import time, depending on
 which module is imported first) and one inside a function (a circle there still ties modules that
 should be layered: api -> worker -> schedules -> api was one). Imports under ``if TYPE_CHECKING:``
-count too. Migrations are left out: Django loads them by itself.
+do not count: they never run, and only name a type in an annotation (the backends annotate the
+``Store`` that calls them). Migrations are left out: Django loads them by itself.
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     """The package's modules that module ``name`` imports anywhere in its text."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     targets: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    type_only = {id(n) for block in ast.walk(tree) if _is_type_checking_block(block)
+                 for stmt in block.body for n in ast.walk(stmt)}  # type: ignore[attr-defined]
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             targets.update(a.name for a in node.names if a.name in known)
         elif isinstance(node, ast.ImportFrom):
@@ -44,6 +50,12 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
                     targets.add(base)
     targets.discard(name)
     return targets
+
+
+def _is_type_checking_block(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and (
+        (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
+        or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING"))
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:

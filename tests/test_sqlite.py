@@ -86,12 +86,12 @@ def test_the_workers_own_connections_to_one_file_take_turns_writing():
     enqueue("test.noop")
     a, b = Store(private_connection("default")), Store(private_connection("default"))
     b.conn.inc_thread_sharing()  # the claim runs in another thread
-    assert a._writes is b._writes
-    assert Store(connection)._writes is not a._writes  # not the caller's own connection (tick())
+    assert a.writes is b.writes
+    assert Store(connection).writes is not a.writes  # not the caller's own connection (tick())
     got = []
     now = int(time.time())
     try:
-        with a._writes:
+        with a.writes:
             claimer = threading.Thread(target=lambda: got.extend(b.claim("t#1", now, now + 60, None, 1)))
             claimer.start()
             claimer.join(0.3)

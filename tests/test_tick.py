@@ -218,9 +218,9 @@ def test_a_job_handed_back_behind_the_last_claim_is_taken_by_the_next_short_clai
 def test_a_job_handed_back_behind_the_last_claim_is_in_order_again_after_resume_seconds(monkeypatch):
     from django.db import connection
 
-    from django_rws_jobs import store as store_module
+    from django_rws_jobs.backends import mysql
 
-    monkeypatch.setattr(store_module, "RESUME_SECONDS", 0.2)
+    monkeypatch.setattr(mysql, "RESUME_SECONDS", 0.2)
     for i in range(10):
         rws.enqueue("test.record", str(i))
     store = Store(connection)
@@ -413,7 +413,7 @@ def test_a_walking_claim_still_takes_a_higher_band_that_becomes_due_first():
 def test_more_future_only_bands_than_a_walk_passes_still_find_the_due_band(queues):
     from django.db import connection
 
-    from django_rws_jobs.store import MAX_BAND_WALK
+    from django_rws_jobs.backends.statements import MAX_BAND_WALK
 
     with connection.cursor() as c:  # one future job in each of more bands than a walk passes
         now = int(time.time())

@@ -14,6 +14,7 @@ import pytest
 import django_rws_jobs as rws
 from django_rws_jobs.models import Job
 from tests.conftest import ROOT, subprocess_env
+from tests.features import skip_unless_db_feature
 from tests.testapp.models import Run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -347,11 +348,11 @@ def test_worker_bookkeeping_connection_settings_on_postgres(settings):
         # Disabled sorts price the band walk's sort of its own rows above jit_above_cost: JIT
         # compiled it for 170 ms. It must be off on the worker's connections.
         assert show(conn, "jit") == "off"
-        from django_rws_jobs.store import due_band_select
+        from django_rws_jobs.backends import backend_for
 
+        band_walk = backend_for(conn).due_band_select(None, None, 0)
         with conn.cursor() as c:
-            sql, params = due_band_select(None, None, 0, "postgresql")[0], due_band_select(None, None, 0)[1]
-            c.execute("EXPLAIN " + sql, params)
+            c.execute("EXPLAIN " + band_walk.text, band_walk.params)
             text = "\n".join(r[0] for r in c.fetchall())
         assert float(text.split("..")[1].split()[0]) > float(show(conn, "jit_above_cost")), text
         assert "JIT" not in text, text
@@ -458,13 +459,13 @@ def picks_up_at_once(w: "WorkerProcess", payload: str) -> None:
     assert w.wait() == 0
 
 
-@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="LISTEN/NOTIFY")
+@skip_unless_db_feature("wakeup", "listen")
 def test_notify_wakes_an_idle_postgres_worker(workers):
     w = start_idle_postgres_worker(workers, jobs={"POLL_INTERVAL": 30})  # its next poll 30 s away
     picks_up_at_once(w, "notified")
 
 
-@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="LISTEN/NOTIFY")
+@skip_unless_db_feature("wakeup", "listen")
 def test_an_idle_postgres_worker_polls_when_no_notification_arrives(workers):
     # Behind a pooler that breaks LISTEN (PgBouncer in transaction mode) no notification reaches
     # the worker; here the insert trigger is off, which has the same effect. Polling still finds

@@ -6,12 +6,12 @@ import time
 
 from django.db import Error as DatabaseError
 
+from ..backends import BaseFeatures
 from ..conf import jobs_settings
 from ..db import is_transient
 from ..ids import claim_token
 from ..reconnect import Connection, Retry
 from ..store import Claimed
-from .features import deletes_with_claim, wakeup_kind
 from .shared import Shared, outcomes
 
 #: How often an idle worker on SQLite checks whether another connection wrote (seconds).
@@ -23,10 +23,10 @@ class Dispatcher:
     transaction (features.deletes_with_claim). With ``burst`` it stops once nothing is due and
     nothing runs; with ``max_jobs`` once it claimed that many and they are done."""
 
-    def __init__(self, shared: Shared, vendor: str, *, queues: list[str] | None, burst: bool,
+    def __init__(self, shared: Shared, features: BaseFeatures, *, queues: list[str] | None, burst: bool,
                  max_jobs: int | None, poll_interval: float):
         self.shared = shared
-        self.vendor = vendor
+        self.features = features
         self.queues = queues
         self.burst = burst
         self.max_jobs = max_jobs
@@ -39,7 +39,7 @@ class Dispatcher:
     def loop(self) -> None:
         shared = self.shared
         with shared.cond:
-            shared.delete_with_claim = deletes_with_claim(self.vendor)
+            shared.delete_with_claim = self.features.deletes_with_claim
         try:
             idle: bool | None = False
             while idle is not None and not shared.stop.is_set():
@@ -132,7 +132,7 @@ class Dispatcher:
 
     def _idle_wait(self) -> bool:
         """Wait until woken or POLL_INTERVAL passes; True when woken by a hint."""
-        if wakeup_kind(self.vendor) == "data_version":
+        if self.features.wakeup == "data_version":
             return self._watch_data_version()
         return self.shared.wake.wait(self.poll_interval)
 

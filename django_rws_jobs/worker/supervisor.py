@@ -15,6 +15,7 @@ from django.db import Error as DatabaseError
 from django.db import connections
 
 from .. import wakeup
+from ..backends import backend_for
 from ..checks import check_value, require_valid_settings
 from ..conf import jobs_settings
 from ..db import is_transient, queue_alias
@@ -26,7 +27,6 @@ from ..validation import INT32_MAX, INT64_MAX, integer, queue_list
 from .completer import Completer
 from .dispatcher import Dispatcher
 from .executor import Executor
-from .features import wakeup_kind
 from .keeper import LeaseKeeper
 from .listener import Listener
 from .scheduler import Scheduler
@@ -68,7 +68,7 @@ class Worker:
         self.poll_interval = float(jobs_settings.POLL_INTERVAL if poll_interval is None else poll_interval)
         self.run_schedules = (not burst) if schedules is None else schedules
         self.alias = queue_alias(using)
-        self.vendor = connections[self.alias].vendor
+        self.features = backend_for(connections[self.alias]).features
         self.shared = Shared(self.alias, self.threads)
         self._threads: dict[str, threading.Thread] = {}
         self._started: dict[str, float] = {}  # role -> time.monotonic() of its thread's start
@@ -143,13 +143,13 @@ class Worker:
         roles: dict[str, Callable[[], None]] = {
             f"rws-job-{i}": lambda: Executor(shared).loop() for i in range(self.threads)}
         roles["rws-dispatcher"] = lambda: Dispatcher(
-            shared, self.vendor, queues=self.queues, burst=self.burst, max_jobs=self.max_jobs,
+            shared, self.features, queues=self.queues, burst=self.burst, max_jobs=self.max_jobs,
             poll_interval=self.poll_interval).loop()
         roles["rws-completer"] = lambda: Completer(shared).loop()
         roles["rws-keeper"] = self._keeper.loop
         if self.run_schedules and not self.burst:
             roles["rws-scheduler"] = lambda: Scheduler(shared.stop, self.alias).loop()
-        if wakeup_kind(self.vendor) == "listen" and not self.burst:
+        if self.features.wakeup == "listen" and not self.burst:
             roles["rws-listener"] = lambda: Listener(shared.stop, shared.wake, self.alias).loop()
         return roles
 

@@ -1,0 +1,33 @@
+"""One backend per database (as Django's ``django/db/backends/<vendor>/``): its features, its
+statements and its session set-up. Nothing outside this package asks which database it runs on.
+
+``backend_for(conn)`` is called on hot paths (claims, completions, enqueue): the backend is made
+once per connection and kept on it.
+"""
+
+from __future__ import annotations
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .base import BaseBackend, BaseFeatures
+from .mysql import MySQLBackend
+from .postgresql import PostgreSQLBackend
+from .sqlite import SQLiteBackend
+from .statements import Claimed, Sql
+
+#: The backend class per Django vendor; other databases get the base backend's standard SQL.
+BACKENDS: dict[str, type[BaseBackend]] = {
+    "sqlite": SQLiteBackend, "postgresql": PostgreSQLBackend, "mysql": MySQLBackend,
+}
+
+
+def backend_for(conn: BaseDatabaseWrapper) -> BaseBackend:
+    """The backend of the Django connection ``conn``."""
+    try:
+        return conn.rws_backend  # type: ignore[attr-defined]
+    except AttributeError:
+        backend = conn.rws_backend = BACKENDS.get(conn.vendor, BaseBackend)(conn)  # type: ignore[attr-defined]
+        return backend
+
+
+__all__ = ["BaseBackend", "BaseFeatures", "Claimed", "Sql", "backend_for"]

@@ -1,0 +1,229 @@
+"""What every database's backend does the same way, and the hooks where they differ.
+
+A backend belongs to one Django connection (``backend_for(conn)`` keeps it on the connection), as
+Django's ``connection.ops`` and ``connection.features`` do. Its ``features`` say what the database
+can do; its statements (``Statements``) are the queue's SQL; its session set-up is what the queue's
+connections need; the claim algorithm below runs on every database, with hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from .cursors import DriverCursor
+from .inserts import insert_multirow
+from .statements import CLAIM_COLUMNS, Claimed, Sql, Statements, band_order_key, one_queue
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+
+def is_registered(conn: BaseDatabaseWrapper) -> bool:
+    """True for the calling thread's own Django connection to conn.alias."""
+    # The worker's own connections never are, and asking ``connections`` (a thread-critical
+    # local) cost more than a SQLite claim's statements.
+    return not getattr(conn, "rws_private", False) and connections[conn.alias] is conn
+
+
+class BaseFeatures:
+    """What a database can do, as the queue uses it (Django's ``DatabaseFeatures``)."""
+
+    #: The dispatcher deletes finished jobs in its next claim's transaction (one writer at a time).
+    deletes_with_claim = False
+    #: How an idle worker learns of new jobs: "listen" (LISTEN/NOTIFY), "data_version" (SQLite's
+    #: PRAGMA data_version) or "poll".
+    wakeup = "poll"
+    #: A claim starts after the row the last one took (see MySQLBackend.claim_band).
+    resumes_claims = False
+    #: What enqueue_many uses while no execute wrapper watches: "copy", "pipelined" or "multirow".
+    bulk_insert = "multirow"
+    #: DELETE ... RETURNING.
+    can_return_deleted = True
+    #: The most parameters one statement may take (None: no limit the queue meets).
+    max_query_params: int | None = None
+    #: Appended to the unique-key lookup to read the latest commit under a lock ("" for none).
+    shared_lock = ""
+    #: The driver connection takes several statements in one call (asked of the open connection).
+    sends_several_statements = False
+
+    def __init__(self, conn: BaseDatabaseWrapper):
+        self.conn = conn
+
+
+class BaseBackend(Statements):
+    features_class = BaseFeatures
+
+    def __init__(self, conn: BaseDatabaseWrapper):
+        self.conn = conn
+        self.features = self.features_class(conn)
+        self._kept: dict[tuple[Any, ...], Sql] = {}  # see claim_select
+
+    # -- session set-up ---------------------------------------------------------------------------
+
+    def configure_session(self) -> None:
+        """Set up a new connection (called on Django's connection_created)."""
+
+    def private_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The OPTIONS of a worker's own connection (db.private_connection), from the project's."""
+        return options
+
+    def begin_sql(self, write: bool) -> str:
+        """The statement that begins a short transaction (db.atomic)."""
+        return "BEGIN"
+
+    @contextmanager
+    def atomic(self, *, write: bool = True, cursor: Any = None) -> Iterator[None]:
+        """A short transaction (a savepoint inside the caller's, on Django's connection).
+
+        ``cursor``: a context manager that gives the cursor to send BEGIN and COMMIT with (a
+        Store's kept one); by default a new cursor of the connection.
+        """
+        conn = self.conn
+        if is_registered(conn):
+            with transaction.atomic(using=conn.alias):
+                yield
+            return
+        with cursor if cursor is not None else conn.cursor() as c:
+            c.execute(self.begin_sql(write))
+            try:
+                yield
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            c.execute("COMMIT")
+
+    def write_lock(self) -> AbstractContextManager[Any]:
+        """What the worker's own connections hold around their writes (nothing but on SQLite)."""
+        return nullcontext()
+
+    def prepares_statements(self) -> bool:
+        """Whether the Store prepares the statements that run for every job on this connection."""
+        return False
+
+    def driver_cursor(self) -> DriverCursor:
+        """The cursor a Store keeps on a worker's own connection (see cursors.DriverCursor)."""
+        wrapper = self.conn.cursor()  # connects (and configures the connection) as Django does
+        return DriverCursor(wrapper.cursor, False, self.conn.wrap_database_errors)
+
+    def check(self) -> list[Any]:
+        """System check messages for this database (checks.check_database)."""
+        return []
+
+    # -- the public API's statements --------------------------------------------------------------
+
+    def insert_many(self, c: Any, rows: Iterator[list[Any]], batch_size: int, where: Callable[[], str],
+                    watched: bool) -> None:
+        """enqueue_many's rows through Django's cursor ``c``; ``watched`` while execute wrappers or
+        the query log see the statements (each must then go through ``c``)."""
+        insert_multirow(c, rows, batch_size, self.features.max_query_params)
+
+    def check_insert_size(self, params: list[Any], what: str) -> None:
+        """Refuse a job whose INSERT the server would refuse for its size (ValueError)."""
+
+    def exact_id(self, rows: Any, job_id: str) -> Any:
+        """``rows`` (a queryset filtered by id) limited to the id's exact bytes."""
+        return rows
+
+    # -- the claim --------------------------------------------------------------------------------
+
+    def claim(self, store: Store, token: str, now: int, lease_until: int, queues: Sequence[str] | None,
+              limit: int, probe_first: bool = False) -> list[Claimed]:
+        """Atomically take up to ``limit`` due jobs, in queue order, leased to ``token``.
+
+        Jobs are taken priority band by priority band, highest first: the claim index makes each
+        band a range that stops at LIMIT, so neither many due rows (no sort) nor many future rows
+        (they lie past the range) slow a claim down. A busy queue's claim finds its band by a
+        subquery (one statement); when that band has nothing due, one read-only walk finds the
+        next band with a due job, however many bands above it hold only future jobs (see
+        Statements.due_band_select).
+        """
+        taken: list[Claimed] = []
+        below: int | None = None  # the next claim looks at bands below this one
+        band: int | None = None  # a band the band walk found with a due job
+        with store.writes, store.cursor() as c:
+            if probe_first and not one_queue(queues):
+                # (One queue: the band walk below probes that queue's ranges; the due index
+                # would read other queues' due rows first.)
+                c.execute(*self.any_due_select(queues, now))
+                if c.fetchone() is None:
+                    return []
+            probe_first = probe_first or store.walk_first
+            while len(taken) < limit:
+                if probe_first:
+                    band = self.find_band(store, c, queues, below, now)
+                    if band is None:
+                        break
+                    probe_first = False
+                want = limit - len(taken)
+                rows = self.claim_band(store, c, token, lease_until, now, queues, below, band, want)
+                if rows:
+                    taken += rows
+                    below = rows[0].priority
+                elif band is not None:
+                    below = band  # others took its due jobs meanwhile: look below it
+                # Short: the band had fewer due jobs than wanted, or none (the top band may hold
+                # only future jobs): walk the bands below to the next one with a due job.
+                band = None
+                probe_first = True
+        return taken
+
+    def claim_band(self, store: Store, c: Any, token: str, lease_until: int, now: int,
+                   queues: Sequence[str] | None, below: int | None, band: int | None,
+                   want: int) -> list[Claimed]:
+        """Claim up to ``want`` due jobs of ``band`` (None: the top band below ``below``), in claim
+        order: one UPDATE ... RETURNING."""
+        select = self.claim_select("id", queues, below, band, now, want)
+        store.execute(c, *self.claim_update(select, token, lease_until, now))
+        rows = [Claimed(*row, token=token) for row in c.fetchall()]
+        rows.sort(key=band_order_key)  # RETURNING does not keep the subquery's order
+        return rows
+
+    def claim_select(self, columns: str, queues: Sequence[str] | None, below: int | None, band: int | None,
+                     now: int, want: int, after: tuple[Any, ...] | None = None) -> Sql:
+        """``band_select`` for the band ``band`` (None: the top band below ``below``), after the
+        point ``after``, kept for the claims that follow within the same second: a busy queue's
+        claims repeat it. With a point (new at every claim), its range (band_range) is kept. What
+        is kept is never changed (claim_update and band_end copy it)."""
+        key = (columns, tuple(queues) if queues else None, below, band, now, want if after is None else 0)
+        kept = self._kept.get(key)
+        if kept is None:
+            if len(self._kept) >= 64:
+                self._kept.clear()
+            in_band = self.in_top_band(queues, below) if band is None else self.in_band(band)
+            kept = self.band_range(columns, queues, in_band, now)
+            if after is None:
+                kept = self.band_end(kept, want)
+            self._kept[key] = kept
+        return kept if after is None else self.band_end(kept, want, after)
+
+    def find_band(self, store: Store, c: Any, queues: Sequence[str] | None, below: int | None,
+                  now: int) -> int | None:
+        """The highest band below ``below`` with a due job (see due_band_select), or None."""
+        store.execute(c, *self.due_band_select(queues, below, now))
+        top, due, passed = c.fetchone()
+        if below is None:
+            store.walk_first = bool(passed) and top is not None
+        if top is None or due:
+            return top
+        # The walk passed MAX_BAND_WALK bands that hold only future jobs: read the due rows.
+        c.execute(*self.top_due_band_select(queues, top, now))
+        return c.fetchone()[0]
+
+    # -- completions ------------------------------------------------------------------------------
+
+    def delete_finished(self, store: Store, c: Any, token: str, ids: list[str]) -> list[str]:
+        """Delete the finished jobs ``ids`` that ``token`` still holds; return those deleted."""
+        store.execute(c, *self.complete_delete(ids, token).add(" RETURNING id"))
+        return [row[0] for row in c.fetchall()]
+
+    def seed_marker_sql(self, marker: str) -> str:
+        """``<marker><attempts>:<next_run_at>``, the lease given to a seed writer's claim."""
+        return self.concat(f"'{marker}'", "attempts", "':'", "next_run_at")
+
+
+__all__ = ["CLAIM_COLUMNS", "BaseBackend", "BaseFeatures"]

@@ -1,0 +1,255 @@
+"""MariaDB/MySQL: claims that lock, then mark, resumed where the last one stopped; index hints."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import BooleanField
+from django.db.models.expressions import RawSQL
+
+from .base import BaseBackend, BaseFeatures, is_registered
+from .mysql_inserts import check_insert_size, insert_quoted, insert_sized, pipelines
+from .statements import (
+    CLAIM_COLUMNS,
+    CLAIM_INDEX,
+    CLAIM_SET,
+    DUE_INDEX,
+    QUEUE_INDEX,
+    Claimed,
+    Sql,
+    below_filter,
+    claim_order_key,
+    one_queue,
+    placeholders,
+    queue_filter,
+)
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+#: How long a dispatcher's claims start after the last row it claimed (seconds).
+RESUME_SECONDS = 1.0
+#: The protocol's CLIENT_MULTI_STATEMENTS capability flag.
+CLIENT_MULTI_STATEMENTS = 1 << 16
+LOCKING = " FOR UPDATE SKIP LOCKED"
+
+
+class MySQLFeatures(BaseFeatures):
+    resumes_claims = True
+    shared_lock = " LOCK IN SHARE MODE"
+
+    @property
+    def sends_several_statements(self) -> bool:  # type: ignore[override]
+        return sends_several(self.conn)
+
+    @cached_property
+    def can_return_deleted(self) -> bool:  # type: ignore[override]
+        return bool(self.conn.mysql_is_mariadb)  # MariaDB has DELETE ... RETURNING, MySQL not
+
+    @cached_property
+    def bulk_insert(self) -> str:  # type: ignore[override]
+        self.conn.ensure_connection()
+        return "pipelined" if pipelines(self.conn.connection) else "multirow"
+
+
+def sends_several(conn: Any) -> bool:
+    """Whether ``conn``'s driver connection accepts several statements in one call.
+
+    Asked of the client flags the connection was opened with (mysqlclient sets the flag by
+    default, PyMySQL does not), not of the driver's name. The claim sends single statements
+    where it is off (tests/test_tick.py test_under_pymysql_the_worker_claims_with_one_statement_per_call;
+    the dj6:pymysql cell of scripts/test runs the MariaDB tests through PyMySQL).
+    """
+    return bool(getattr(conn.connection, "client_flag", 0) & CLIENT_MULTI_STATEMENTS)
+
+
+class MySQLBackend(BaseBackend):
+    features_class = MySQLFeatures
+
+    def claim_index_hint(self, queues: Sequence[str] | None) -> str:
+        # MariaDB would weigh every index the conditions name each time it plans a claim, a large
+        # part of the claim's time: it is told the index.
+        return f" FORCE INDEX ({QUEUE_INDEX if one_queue(queues) else CLAIM_INDEX})"
+
+    def due_index_hint(self) -> str:
+        return f" FORCE INDEX ({DUE_INDEX})"  # (see SQLiteBackend.due_index_hint)
+
+    def concat(self, *parts: str) -> str:
+        return f"CONCAT({', '.join(parts)})"
+
+    def due_band_select(self, queues: Sequence[str] | None, below: int | None, now: int) -> Sql:
+        """Statements.due_band_select for MariaDB/MySQL, whose correlated MIN and MAX subqueries
+        read the whole band. A loose index scan instead: one index dive per band for its earliest
+        due time (tests/test_explain.py assert_band_walk). The status (and a single queue) is
+        written as a range: with an equality MariaDB reads the index by ``ref``, every row."""
+        if not queues:
+            index, group, qsql = CLAIM_INDEX, "status, priority", Sql()
+        elif one_queue(queues):
+            index, group = QUEUE_INDEX, "status, queue, priority"
+            qsql = Sql(" AND queue >= %s AND queue <= %s", [queues[0], queues[0]])
+        else:
+            index, group, qsql = QUEUE_INDEX, "status, queue, priority", queue_filter(queues)
+        due = "CASE WHEN first <= %s THEN priority END"
+        sql = Sql(f"SELECT MAX({due}), 1, MAX({due}) < MAX(priority) FROM (SELECT priority, MIN(next_run_at) "
+                  f"AS first FROM rws_jobs FORCE INDEX ({index}) "
+                  "WHERE status >= 'pending' AND status <= 'pending'", [now, now])
+        return sql.join(qsql).join(below_filter(below)).add(f" GROUP BY {group}) AS bands")
+
+    def private_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        # Under REPEATABLE READ, InnoDB keeps locks on rows a claim read but did not take (other
+        # queues' jobs), and other workers' SKIP LOCKED would pass them over.
+        options.setdefault("isolation_level", "read committed")
+        # The claim sends BEGIN with its first statement and COMMIT with its last where the driver
+        # allows several statements per call: mysqlclient does unless told not to (PyMySQL does
+        # not; see sends_several). Only the Store's statements run on this connection, their
+        # parameters escaped by the driver.
+        options.pop("multi_statements", None)
+        return options
+
+    def exact_id(self, rows: Any, job_id: str) -> Any:
+        """PAD SPACE collations, utf8mb4_bin among them, also match 'a ' to 'a' (and a _ci one
+        'A'): the bytes must match too (tests/test_input.py
+        test_retry_and_delete_give_the_same_answer_on_every_database)."""
+        return rows.filter(RawSQL("BINARY id = %s", [job_id], output_field=BooleanField()))
+
+    def insert_many(self, c: Any, rows: Iterator[list[Any]], batch_size: int, where: Callable[[], str],
+                    watched: bool) -> None:
+        if self.features.bulk_insert == "pipelined" and not watched:
+            insert_quoted(self.conn, c.cursor.connection, rows, batch_size, where)
+        else:
+            insert_sized(self.conn, c, rows, batch_size, where)
+
+    def check_insert_size(self, params: list[Any], what: str) -> None:
+        check_insert_size(self.conn, params, what)
+
+    # -- the claim --------------------------------------------------------------------------------
+
+    def claim_band(self, store: Store, c: Any, token: str, lease_until: int, now: int,
+                   queues: Sequence[str] | None, below: int | None, band: int | None,
+                   want: int) -> list[Claimed]:
+        """No UPDATE ... RETURNING here: lock the band's first free rows, mark them, commit.
+
+        The band is read in index order with no sort, so InnoDB locks only the rows LIMIT returns
+        (a sorted FOR UPDATE would lock every row it read first) and SKIP LOCKED passes over rows
+        another worker holds.
+
+        A claim from the top starts after the row the Store's last claim took (its resume point):
+        InnoDB keeps the claimed rows' index entries, delete-marked, until its purge gets to them,
+        and a locking read from the band's start visits each. Rows that sort before the point (a
+        job handed back, or enqueued with a due time in the past) are found when a resumed claim
+        comes back short, which looks from the band's start too, and at the latest after
+        RESUME_SECONDS, when a claim starts from the beginning again.
+        """
+        from_top = below is None and band is None  # the claim's first look
+        resume = self._resume_point(store, queues) if from_top else None
+        select = self.claim_select(CLAIM_COLUMNS, queues, below, band, now, want)
+        claim = _Claim(store, token, [token, lease_until, now], want)
+        if resume is not None:
+            claim.resumed = self.claim_select(CLAIM_COLUMNS, queues, below, band, now, want, after=resume)
+        rows = self._in_transaction(store, claim, select)
+        if rows:
+            self._keep_resume_point(store, queues, rows[-1])
+        return rows
+
+    def _in_transaction(self, store: Store, claim: _Claim, select: Sql) -> list[Claimed]:
+        if is_registered(self.conn):  # tick(): the caller's connection, perhaps inside its transaction
+            with self.atomic(), self.conn.cursor() as c:
+                return claim.lock_and_mark(c, False, select)
+        c = store.cursor()  # (connects first: sends_several asks the driver's connection)
+        if not self.features.sends_several_statements:  # PyMySQL: one statement per call
+            with store.atomic():
+                return claim.lock_and_mark(c, False, select)
+        # The worker's own connection: BEGIN goes with the first statement and COMMIT with the
+        # last, so a claim is two round trips instead of four.
+        with c:
+            try:
+                return claim.lock_and_mark(c.cursor, True, select)
+            except BaseException:
+                _roll_back(c.cursor)
+                raise
+
+    def _resume_point(self, store: Store, queues: Sequence[str] | None) -> tuple[Any, ...] | None:
+        # Not with a queue filter: then MariaDB cannot know the top band when it plans the claim
+        # (the subquery must read rows), and the point would not bound the range.
+        if queues or store.resume is None or time.monotonic() >= store.resume_until:
+            return None
+        return store.resume
+
+    def _keep_resume_point(self, store: Store, queues: Sequence[str] | None, job: Claimed) -> None:
+        if queues:
+            return
+        if store.resume is None or time.monotonic() >= store.resume_until:
+            store.resume_until = time.monotonic() + RESUME_SECONDS  # from a claim that began at the start
+        store.resume = (job.priority, job.next_run_at, job.created_at, job.id)
+
+    def delete_finished(self, store: Store, c: Any, token: str, ids: list[str]) -> list[str]:
+        if self.features.can_return_deleted:
+            return super().delete_finished(store, c, token, ids)
+        # MySQL has no DELETE ... RETURNING: lock what is still ours, then delete it.
+        held = (f"SELECT id FROM rws_jobs WHERE status = 'running' AND locked_by = %s "
+                f"AND id IN ({placeholders(len(ids))}) FOR UPDATE")
+        with store.atomic():
+            c.execute(held, [token, *ids])
+            mine = [row[0] for row in c.fetchall()]
+            if mine:
+                c.execute(f"DELETE FROM rws_jobs WHERE id IN ({placeholders(len(mine))})", mine)
+        return mine
+
+
+class _Claim:
+    """One claim's transaction: lock the band's rows, mark them as ``token``'s."""
+
+    def __init__(self, store: Store, token: str, set_params: list[Any], want: int):
+        self.store, self.token, self.set_params, self.want = store, token, set_params, want
+        self.resumed: Sql | None = None  # the select from the resume point, if any
+
+    def lock_and_mark(self, c: Any, own: bool, select: Sql) -> list[Claimed]:
+        """With ``own``, the transaction begins with the first statement and commits with the
+        last (``c`` is then the driver's cursor)."""
+        if self.resumed is None:
+            rows = self._first(c, own, select)
+        else:
+            rows = self._first(c, own, self.resumed)
+            if len(rows) < self.want:  # rows before the point too; locks held twice are ours
+                self.store.resume = None
+                c.execute(select.text + LOCKING, select.params)
+                seen = {job.id for job in rows}
+                rows += [job for job in self._rows(c) if job.id not in seen]
+                rows.sort(key=claim_order_key)
+                rows = rows[:self.want]
+        if rows:
+            c.execute(f"UPDATE rws_jobs SET {CLAIM_SET} WHERE id IN ({placeholders(len(rows))})"
+                      + ("; COMMIT" if own else ""), [*self.set_params, *(job.id for job in rows)])
+            if own:
+                while c.nextset():
+                    pass
+        elif own:
+            c.execute("COMMIT")
+        return rows
+
+    def _first(self, c: Any, own: bool, select: Sql) -> list[Claimed]:
+        c.execute(("BEGIN; " if own else "") + select.text + LOCKING, select.params)
+        if own:
+            c.nextset()
+        return self._rows(c)
+
+    def _rows(self, c: Any) -> list[Claimed]:
+        return [Claimed(*row, token=self.token) for row in c.fetchall()]
+
+
+def _roll_back(raw_cursor: Any) -> None:
+    """End a failed transaction: read what the server still sends for the statements of the call
+    that failed, then roll back (if the connection still works; if not, the caller's error says
+    so and the connection is dropped)."""
+    try:
+        while raw_cursor.nextset():
+            pass
+    except Exception:
+        pass
+    try:
+        raw_cursor.execute("ROLLBACK")
+    except Exception:
+        pass

@@ -1,0 +1,127 @@
+"""SQLite: one writer at a time, in WAL mode, shared by the worker's threads and other processes."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ..conf import jobs_settings
+from .base import BaseBackend, BaseFeatures
+from .cursors import DriverCursor
+from .statements import DUE_INDEX
+
+#: Busy timeout (ms) given to SQLite connections whose settings name none: several worker
+#: processes and a web process share one file, and a writer waits for another rather than fail.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+_write_locks: dict[str, threading.RLock] = {}
+_write_locks_guard = threading.Lock()
+
+
+class SQLiteFeatures(BaseFeatures):
+    # One writer at a time: a commit and a turn at the write lock fewer per batch
+    # (tests/test_worker.py, docs/design.md "SQLite").
+    deletes_with_claim = True
+    wakeup = "data_version"
+
+    @property
+    def max_query_params(self) -> int:  # type: ignore[override]
+        """SQLite's limit on a statement's parameters, read from the connection each time: 32,766 in
+        the default build since 3.32, 999 before; builds differ (tests/test_enqueue.py
+        test_enqueue_many_keeps_each_sqlite_statement_within_the_parameter_limit)."""
+        self.conn.ensure_connection()
+        try:
+            import sqlite3
+
+            return self.conn.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)  # Python 3.11+
+        except AttributeError:
+            return 999
+
+
+class SQLiteBackend(BaseBackend):
+    features_class = SQLiteFeatures
+
+    def due_index_hint(self) -> str:
+        # Planners that see "status = 'pending'" first may pick the claim index and read every
+        # pending row; the due statements are only fast on the due index, which reads due rows.
+        return f" INDEXED BY {DUE_INDEX}"
+
+    def running_index_hint(self) -> str:
+        """The lease statements read the 'running' range of a status-led index. SQLite's
+        statistics give only the average rows per status, so with a million pending rows it read
+        the whole table for recovery's ORDER BY locked_until instead (tests/test_explain.py
+        test_lease_statements_read_only_running_rows_with_a_million_future_rows)."""
+        return f" INDEXED BY {DUE_INDEX}"
+
+    def configure_session(self) -> None:
+        if sets_up_sqlite(self.conn):
+            configure_sqlite(self.conn)
+
+    def begin_sql(self, write: bool) -> str:
+        return "BEGIN IMMEDIATE" if write else "BEGIN"
+
+    def write_lock(self) -> AbstractContextManager[Any]:
+        """What the worker's own connections to one SQLite file hold around their writes.
+
+        A connection that finds the file locked sleeps in SQLite's busy handler, 1 ms and more,
+        however soon the writer is done: within a worker process the dispatcher's claim and the
+        completer's delete would meet that way at nearly every claim. A lock of the process's own
+        makes the second writer wait only as long as the first writes; other processes' writers
+        still meet in the busy handler. Connections that are not the worker's own hold nothing.
+        """
+        conn = self.conn
+        if not getattr(conn, "rws_private", False) or conn.is_in_memory_db():
+            return nullcontext()
+        name = str(conn.settings_dict["NAME"])
+        with _write_locks_guard:
+            return _write_locks.setdefault(name, threading.RLock())
+
+    def driver_cursor(self) -> DriverCursor:
+        self.conn.cursor().close()  # connects (and configures the connection) as Django does
+        # Django's SQLite cursor converts placeholders itself, again: the driver's cursor, with ours.
+        return DriverCursor(self.conn.connection.cursor(), True, self.conn.wrap_database_errors)
+
+    def check(self) -> list[Any]:
+        import sqlite3
+
+        from django.core.checks import Error
+
+        if sqlite3.sqlite_version_info < (3, 35):
+            return [Error(f"SQLite {sqlite3.sqlite_version} is too old for django-rws-jobs; it needs 3.35 or "
+                          "newer (UPDATE ... RETURNING)", id="rws_jobs.E013")]
+        return []
+
+
+def sets_up_sqlite(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection`` gets the SQLite set-up: the worker's own connections, and Django's
+    to the queue's alias or to one the project names in RWS_JOBS["SQLITE_SETUP_ALIASES"]. The
+    project's other SQLite databases keep their own settings (tests/test_sqlite.py
+    test_other_sqlite_aliases_keep_their_settings)."""
+    if getattr(connection, "rws_private", False) or connection.alias == jobs_settings.DATABASE:
+        return True
+    extra = jobs_settings.SQLITE_SETUP_ALIASES
+    return isinstance(extra, (list, tuple)) and connection.alias in extra
+
+
+def configure_sqlite(connection: BaseDatabaseWrapper) -> None:
+    """Put file-backed SQLite databases in WAL mode with a busy timeout, unless the user chose."""
+    options = connection.settings_dict.get("OPTIONS", {})
+    init = (options.get("init_command") or "").lower()
+    if "transaction_mode" not in options:
+        # A deferred transaction that reads, then writes, fails at once with "database is locked"
+        # when another process wrote meanwhile; IMMEDIATE takes the write lock at BEGIN and waits.
+        connection.transaction_mode = "IMMEDIATE"
+    with connection.cursor() as cursor:
+        if "timeout" not in options and "busy_timeout" not in init:
+            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        if "journal_mode" not in init and not connection.is_in_memory_db():
+            cursor.execute("PRAGMA journal_mode")
+            if cursor.fetchone()[0].lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+            if "synchronous" not in init:
+                # In WAL mode NORMAL stays consistent after a crash of the process or the OS; only
+                # a power loss may forget the last commits. It saves an fsync per commit.
+                cursor.execute("PRAGMA synchronous = NORMAL")
