@@ -69,7 +69,8 @@ def adopt(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model]) ->
 
 
 def _is_32_bit(conn: Any, column: Any) -> bool:
-    return conn.introspection.get_field_type(column.type_code, column) in ("IntegerField", "SmallIntegerField")
+    field_type = conn.introspection.get_field_type(column.type_code, column)
+    return field_type in ("IntegerField", "SmallIntegerField")
 
 
 def _as_32_bit(field: models.Field, model: type[models.Model]) -> models.Field:

@@ -44,7 +44,9 @@ def prepare(
     spec = registry.get(job_type)
     defaults = spec.options if spec is not None else {}
     queue = queue_name(defaults.get("queue", "default") if queue is None else queue)
-    priority = _int("priority", defaults.get("priority", 0) if priority is None else priority, INT64_MIN, INT64_MAX)
+    if priority is None:
+        priority = defaults.get("priority", 0)
+    priority = _int("priority", priority, INT64_MIN, INT64_MAX)
     if max_retries is None:
         max_retries = defaults.get("max_retries", jobs_settings.MAX_RETRIES)
     max_retries = _int("max_retries", max_retries, 0, INT32_MAX)
@@ -186,7 +188,8 @@ def _insert_unique(alias: str, params: list[Any]) -> str:
                 return row[0]
             if row is not None:
                 # A failed row still holding the key (a seed writer does not clear it): free it.
-                c.execute("UPDATE rws_jobs SET unique_hash = NULL WHERE id = %s AND status = 'failed'", [row[0]])
+                c.execute("UPDATE rws_jobs SET unique_hash = NULL WHERE id = %s AND status = 'failed'",
+                          [row[0]])
         # Otherwise the holder finished between the two statements: insert again.
     raise RuntimeError(f"could not enqueue unique job {params[1]!r} key {params[8]!r}: kept conflicting")
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .validation import INT32_MAX, INT64_MAX, INT64_MIN, integer, only_known, queue_name, show, text
 

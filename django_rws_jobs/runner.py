@@ -7,7 +7,8 @@ import logging
 import math
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.db import Error as DatabaseError
@@ -128,7 +129,9 @@ def _close_old_connections() -> None:
     CONN_MAX_AGE. (After, not also before: the thread that runs the next job ran this after the
     last one.) Skipped in a thread that never connected, and inside a transaction (``tick()``
     called in an ``atomic()`` block or a TestCase), where closing would break the caller's work."""
-    if thread_connected() and not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
+    if not thread_connected():
+        return
+    if not any(conn.in_atomic_block for conn in connections.all(initialized_only=True)):
         close_old_connections()
 
 

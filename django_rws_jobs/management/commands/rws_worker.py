@@ -55,11 +55,13 @@ class Command(BaseCommand):
         parser.add_argument("--workers", "-w", type=_positive_int, default=1,
                             help="worker threads per process (default 1)")
         parser.add_argument("--processes", "-p", type=_positive_int, default=1,
-                            help="worker processes, each with --workers threads, to use several cores (default 1)")
+                            help="worker processes, each with --workers threads, to use several cores "
+                                 "(default 1)")
         parser.add_argument("--queues", "-q", default=None,
                             help="comma-separated queues to run (default: all; given, it must name one)")
         parser.add_argument("--burst", action="store_true", help="exit 0 once nothing is due")
-        parser.add_argument("--max-jobs", type=_positive_int, default=None, help="stop after this many jobs (per process)")
+        parser.add_argument("--max-jobs", type=_positive_int, default=None,
+                            help="stop after this many jobs (per process)")
         parser.add_argument("--poll-interval", type=float, default=None,
                             help="seconds an idle worker waits before looking again (default: POLL_INTERVAL)")
         parser.add_argument("--schedules", dest="schedules", action="store_true", default=None,
