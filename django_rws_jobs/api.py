@@ -207,7 +207,7 @@ def jobs(status: str | None = None, limit: int = 100, *, using: str | None = Non
 
 def failed_jobs(limit: int = 100, *, using: str | None = None) -> list[Job]:
     """The dead-letter list."""
-    return jobs(Status.FAILED, limit, using=using)
+    return jobs(str(Status.FAILED), limit, using=using)
 
 
 def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
@@ -301,7 +301,7 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
 
 
 def _retry_each(alias: str, ids: list[str], blocked: list[str], now: int) -> tuple[list[str], list[str]]:
-    retried = []
+    retried: list[str] = []
     for job_id in ids:
         (retried if retry(job_id, using=alias, now=now) else blocked).append(job_id)
     return retried, blocked

@@ -53,7 +53,7 @@ def private_connection(alias: str) -> BaseDatabaseWrapper:
     conn = connections.create_connection(alias)
     options = backend_for(conn).private_options(dict(conn.settings_dict.get("OPTIONS", {})))
     conn.settings_dict = {**conn.settings_dict, "OPTIONS": options}
-    conn.rws_private = True  # type: ignore[attr-defined]  (see configure_connection)
+    conn.rws_private = True  # see configure_connection
     return conn
 
 

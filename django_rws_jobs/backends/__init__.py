@@ -24,9 +24,9 @@ BACKENDS: dict[str, type[BaseBackend]] = {
 def backend_for(conn: BaseDatabaseWrapper) -> BaseBackend:
     """The backend of the Django connection ``conn``."""
     try:
-        return conn.rws_backend  # type: ignore[attr-defined]
+        return conn.rws_backend
     except AttributeError:
-        backend = conn.rws_backend = BACKENDS.get(conn.vendor, BaseBackend)(conn)  # type: ignore[attr-defined]
+        backend = conn.rws_backend = BACKENDS.get(conn.vendor, BaseBackend)(conn)
         return backend
 
 

@@ -179,7 +179,7 @@ class BaseBackend(Statements):
         order: one UPDATE ... RETURNING."""
         select = self.claim_select("id", queues, below, band, now, want)
         store.execute(c, *self.claim_update(select, token, lease_until, now))
-        rows = [Claimed(*row, token=token) for row in c.fetchall()]
+        rows = [Claimed.from_row(row, token) for row in c.fetchall()]
         rows.sort(key=band_order_key)  # RETURNING does not keep the subquery's order
         return rows
 

@@ -158,17 +158,17 @@ class MySQLBackend(BaseBackend):
         if is_registered(self.conn):  # tick(): the caller's connection, perhaps inside its transaction
             with self.atomic(), self.conn.cursor() as c:
                 return claim.lock_and_mark(c, False, select)
-        c = store.cursor()  # (connects first: sends_several asks the driver's connection)
+        kept: Any = store.cursor()  # (connects first: sends_several asks the driver's connection)
         if not self.features.sends_several_statements:  # PyMySQL: one statement per call
             with store.atomic():
-                return claim.lock_and_mark(c, False, select)
+                return claim.lock_and_mark(kept, False, select)
         # The worker's own connection: BEGIN goes with the first statement and COMMIT with the
         # last, so a claim is two round trips instead of four.
-        with c:
+        with kept:
             try:
-                return claim.lock_and_mark(c.cursor, True, select)
+                return claim.lock_and_mark(kept.cursor, True, select)
             except BaseException:
-                _roll_back(c.cursor)
+                _roll_back(kept.cursor)
                 raise
 
     def _resume_point(self, store: Store, queues: Sequence[str] | None) -> tuple[Any, ...] | None:
@@ -237,7 +237,7 @@ class _Claim:
         return self._rows(c)
 
     def _rows(self, c: Any) -> list[Claimed]:
-        return [Claimed(*row, token=self.token) for row in c.fetchall()]
+        return [Claimed.from_row(row, self.token) for row in c.fetchall()]
 
 
 def _roll_back(raw_cursor: Any) -> None:

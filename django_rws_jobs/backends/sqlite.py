@@ -36,7 +36,8 @@ class SQLiteFeatures(BaseFeatures):
         try:
             import sqlite3
 
-            return self.conn.connection.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)  # Python 3.11+
+            limit = sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER  # type: ignore[attr-defined,unused-ignore]
+            return self.conn.connection.getlimit(limit)  # Python 3.11+
         except AttributeError:
             return 999
 

@@ -58,6 +58,11 @@ class Claimed:
     unique_key: str | None
     token: str
 
+    @classmethod
+    def from_row(cls, row: Sequence[Any], token: str) -> Claimed:
+        """A claim's row (CLAIM_COLUMNS, in order) held by ``token``."""
+        return cls(*row, token)  # type: ignore[call-arg]  # (a row is the fields before token)
+
     def as_job(self, **changes: Any) -> Job:
         fields = {k: v for k, v in self.__dict__.items() if k != "token"}
         fields.update(changes)
@@ -100,7 +105,7 @@ def one_queue(queues: Sequence[str] | None) -> bool:
     ranges within the queue, so other queues' due and future rows lie outside them (tests/
     test_explain.py test_a_one_queue_claim_reads_only_its_queue_with_a_million_rows_in_another).
     Several queues share the claim index and filter its ranges by queue."""
-    return bool(queues) and len(queues) == 1
+    return queues is not None and len(queues) == 1
 
 
 #: No condition: what the filters below return when there is nothing to filter (never changed).

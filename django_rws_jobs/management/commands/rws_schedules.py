@@ -29,7 +29,7 @@ def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
 class Command(BaseCommand):
     help = ("List the cron schedules declared in RWS_JOBS['SCHEDULES'] and on @job(schedule=...) with their "
             "next due time (UTC), the rows of rws_job_schedules that no schedule here declares, and errors.")
-    requires_system_checks = []  # it shows schedule errors itself
+    requires_system_checks: list[str] = []  # it shows schedule errors itself
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")

@@ -49,7 +49,7 @@ def _queues(value: str | None) -> list[str] | None:
 
 class Command(BaseCommand):
     help = "Run django-rws-jobs workers: claim due jobs, run them, retry failures, enqueue cron jobs."
-    requires_system_checks = [Tags.models, "rws_jobs"]  # type: ignore[list-item]
+    requires_system_checks = [Tags.models, "rws_jobs"]
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--workers", "-w", type=_positive_int, default=1,
