@@ -1,7 +1,7 @@
 """Taking over tables that rust-web-server created first, keeping every row (tests/test_adopt.py).
 
 The Rust crate creates ``rws_jobs`` and ``rws_job_schedules`` when it starts, in one of two forms:
-before 18.35 the jobs table has the seed's nine columns; from 18.36 on it also has ``queue``,
+before 18.35 the jobs table has rust-web-server's nine columns; from 18.36 on it also has ``queue``,
 ``priority`` and ``unique_key``. Neither has our columns, indexes or constraints. The initial
 migration creates the tables with :class:`CreateOrAdoptModel`, which, where a table exists
 already, brings it to our model instead and keeps every row:

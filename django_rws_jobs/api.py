@@ -1,4 +1,4 @@
-"""enqueue, jobs, failed_jobs, retry, delete and tick: the seed's methods, for Django."""
+"""enqueue, jobs, failed_jobs, retry, delete and tick: rust-web-server's methods, for Django."""
 
 from __future__ import annotations
 
@@ -187,7 +187,7 @@ def _insert_unique(alias: str, params: list[Any]) -> str:
             if row is not None and row[1] in (Status.PENDING, Status.RUNNING):
                 return row[0]
             if row is not None:
-                # A failed row still holding the key (a seed writer does not clear it): free it.
+                # A failed row still holding the key (a rust-web-server writer does not clear it): free it.
                 c.execute("UPDATE rws_jobs SET unique_hash = NULL WHERE id = %s AND status = 'failed'",
                           [row[0]])
         # Otherwise the holder finished between the two statements: insert again.

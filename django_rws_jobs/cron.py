@@ -1,4 +1,4 @@
-"""The seed's cron grammar: parsed and checked here, due times computed by croniter.
+"""rust-web-server's cron grammar: parsed and checked here, due times computed by croniter.
 
 Six fields, seconds first, UTC: ``second minute hour day-of-month month day-of-week``. Each field
 is ``*``, ``N``, ``N-M``, ``*/S`` or a comma list of those; day-of-week is 0-6 with 0 = Sunday, and

@@ -58,7 +58,7 @@ class JobQuerySet(models.QuerySet):
 
 
 class Job(models.Model):
-    """One row of ``rws_jobs``. The seed's columns come first; the rest are ours, all nullable."""
+    """One row of ``rws_jobs``. rust-web-server's columns come first; the rest are ours, all nullable."""
 
     id = models.CharField(max_length=64, primary_key=True)
     job_type = models.TextField()
@@ -144,7 +144,7 @@ class JobSchedule(models.Model):
     name = models.CharField(max_length=191, primary_key=True)
     next_run_at = models.BigIntegerField(help_text=_("unix seconds: next unclaimed due time"))
     # Ours: the expression that computed next_run_at, so a changed one takes effect at once.
-    # NULL on rows a seed writer made; those are treated as changed.
+    # NULL on rows a rust-web-server writer made; those are treated as changed.
     cron = models.CharField(max_length=255, null=True, blank=True)
 
     class Meta:

@@ -45,7 +45,7 @@ def retry_at(attempts: int, now: float | None = None) -> int:
 
 
 #: The most characters of an error message (last_error) and of a traceback that are stored. A
-#: seed-created table's last_error is a MySQL TEXT of 65,535 bytes: 16,000 characters of up to 4
+#: rust-web-server-created table's last_error is a MySQL TEXT of 65,535 bytes: 16,000 characters of up to 4
 #: bytes each fit it.
 ERROR_MAX = 16_000
 TRACEBACK_MAX = 64_000
@@ -154,7 +154,7 @@ def record(store: Store, job: Claimed, error: str | None, tb: str | None,
                 logger.info("job %s (%s) will retry at %d (attempt %d of %d)",
                             job.id, job.job_type, due, attempts + 1, job.max_retries + 1)
         else:
-            applied = store.bury(job, attempts, error, tb, int(now), expired_before)
+            applied = store.move_to_dead_letters(job, attempts, error, tb, int(now), expired_before)
             outcome = "dead"
             if applied:
                 logger.error("job %s (%s) moved to the dead-letter list after %d attempts: %s",
@@ -214,13 +214,13 @@ def run_claimed(store: Store, job: Claimed) -> str:
 def recover(store: Store, now: int | None = None, limit: int = 100) -> int:
     """Take back running jobs whose lease expired, charging each an attempt.
 
-    Rows with no lease at all (a seed writer's) first get one, and are taken back only if it runs
+    Rows with no lease at all (a rust-web-server writer's) first get one, and are taken back only if it runs
     out: the Rust worker that holds them may be alive. Returns how many jobs were taken back.
     """
     now = int(time.time()) if now is None else now
     lease = int(jobs_settings.LEASE_SECONDS)
     store.lease_leaseless(now, now + lease)
-    store.relet_seed_claims(now, now + lease)
+    store.refresh_rust_claims(now, now + lease)
     taken = 0
     while True:
         expired = store.expired(now, limit)

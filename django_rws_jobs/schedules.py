@@ -219,7 +219,7 @@ def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, 
     due, stored = row
     if due > now:
         if stored != expr.text:
-            # A changed expression, or a seed writer's row (no expression): the next due time is
+            # A changed expression, or a rust-web-server writer's row (no expression): the next due time is
             # the new expression's, from now on, not the one stored for the old expression.
             with transaction.atomic(using=alias):
                 changed = rows.filter(name=schedule.name, next_run_at=due, cron=stored).update(

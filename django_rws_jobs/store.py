@@ -18,8 +18,8 @@ from .backends.statements import Claimed, Sql
 from .db import atomic
 from .models import Status
 
-#: Prefix of the lease given to a running row found without one (a seed writer's claim).
-SEED_MARKER = "seed:"
+#: Prefix of the lease given to a running row found without one (a rust-web-server claim).
+RUST_CLAIM_MARKER = "seed:"
 
 
 class Store:
@@ -130,7 +130,7 @@ class Store:
             expired_before,
         )
 
-    def bury(
+    def move_to_dead_letters(
         self, job: Claimed, attempts: int, error: str, tb: str | None, now: int,
         expired_before: int | None = None,
     ) -> bool:
@@ -159,15 +159,15 @@ class Store:
             return c.rowcount
 
     def lease_leaseless(self, now: int, until: int) -> int:
-        """Give running rows that carry no lease (a seed writer's claim) one, so they are taken
+        """Give running rows that carry no lease (a rust-web-server claim) one, so they are taken
         back only if nobody finishes them within a lease: a live Rust worker may be running them.
 
-        The lease is marked ``seed:<attempts>:<next_run_at>``: a seed writer never touches our
-        columns, so when it retries the job and claims it again the row still carries this old,
-        expired lease; the changed attempts or due time tell ``relet_seed_claims`` it is a new
+        The lease is marked ``seed:<attempts>:<next_run_at>`` (the stored marker keeps its name): the
+        Rust crate never touches our columns, so when it retries the job and claims it again the
+        row still carries this old, expired lease; the changed attempts or due time tell ``refresh_rust_claims`` it is a new
         claim, which gets a fresh lease instead of being taken from a worker that is alive.
         """
-        marker = self.backend.seed_marker_sql(SEED_MARKER)
+        marker = self.backend.rust_claim_marker_sql(RUST_CLAIM_MARKER)
         with self.writes, self.cursor() as c:
             c.execute(
                 f"UPDATE rws_jobs{self.backend.running_index_hint()} SET locked_until = %s, "
@@ -176,15 +176,15 @@ class Store:
             )
             return c.rowcount
 
-    def relet_seed_claims(self, now: int, until: int) -> int:
-        """Fresh leases for seed claims whose marker no longer matches the row (see above)."""
-        marker = self.backend.seed_marker_sql(SEED_MARKER)
+    def refresh_rust_claims(self, now: int, until: int) -> int:
+        """Fresh leases for rust-web-server claims whose marker no longer matches the row (see above)."""
+        marker = self.backend.rust_claim_marker_sql(RUST_CLAIM_MARKER)
         with self.writes, self.cursor() as c:
             c.execute(
                 f"UPDATE rws_jobs{self.backend.running_index_hint()} SET locked_until = %s, "
                 f"locked_by = {marker} WHERE status = 'running' AND locked_until < %s AND locked_by LIKE %s "
                 f"AND locked_by <> {marker}",
-                [until, now, SEED_MARKER.replace("%", "") + "%"],
+                [until, now, RUST_CLAIM_MARKER.replace("%", "") + "%"],
             )
             return c.rowcount
 

@@ -216,7 +216,7 @@ def test_unique_is_held_while_running_and_released_when_failed_or_done():
 
 
 def test_unique_ignores_a_failed_row_that_still_holds_the_key():
-    # A seed writer fails a job without clearing our unique_hash column.
+    # A rust-web-server writer fails a job without clearing our unique_hash column.
     first = rws.enqueue("x", unique="k")
     Job.objects.filter(id=first).update(status="failed")
     second = rws.enqueue("x", unique="k")

@@ -223,7 +223,7 @@ def assert_completion_by_primary_key() -> None:
 
 
 def test_lease_statements_read_only_running_rows_with_a_million_future_rows():
-    # Recovery, renewal and the seed writer's leases have no index of their own: each must read
+    # Recovery, renewal and the rust-web-server writer's leases have no index of their own: each must read
     # the 'running' range of a status-led index (the running jobs' rows), never the pending ones.
     from django_rws_jobs.store import Store
 
@@ -245,7 +245,7 @@ def test_lease_statements_read_only_running_rows_with_a_million_future_rows():
         assert len(store.expired(now, 100)) == 10
         assert store.renew(["w#1", "w#2"], now + 60) == 13
         store.lease_leaseless(now, now + 60)
-        store.relet_seed_claims(now, now + 60)
+        store.refresh_rust_claims(now, now + 60)
     assert len(statements) == 4
     for sql, params in statements:
         text = plan(sql, params)

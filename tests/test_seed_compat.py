@@ -1,4 +1,4 @@
-"""Rows written with the seed's (rust-web-server's) exact SQL share the queue with ours."""
+"""Rows written with rust-web-server's (rust-web-server's) exact SQL share the queue with ours."""
 
 import time
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def seed(sql: str, params: list) -> int:
-    """Run one of the seed's statements (its ? placeholders are Django's %s)."""
+    """Run one of rust-web-server's statements (its ? placeholders are Django's %s)."""
     with connection.cursor() as c:
         c.execute(sql.replace("?", "%s"), params)
         return c.rowcount

@@ -221,8 +221,8 @@ class BaseBackend(Statements):
         store.execute(c, *self.complete_delete(ids, token).add(" RETURNING id"))
         return [row[0] for row in c.fetchall()]
 
-    def seed_marker_sql(self, marker: str) -> str:
-        """``<marker><attempts>:<next_run_at>``, the lease given to a seed writer's claim."""
+    def rust_claim_marker_sql(self, marker: str) -> str:
+        """``<marker><attempts>:<next_run_at>``, the lease given to a rust-web-server claim."""
         return self.concat(f"'{marker}'", "attempts", "':'", "next_run_at")
 
 
