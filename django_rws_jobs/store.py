@@ -162,10 +162,11 @@ class Store:
         """Give running rows that carry no lease (a rust-web-server claim) one, so they are taken
         back only if nobody finishes them within a lease: a live Rust worker may be running them.
 
-        The lease is marked ``seed:<attempts>:<next_run_at>`` (the stored marker keeps its name): the
-        Rust crate never touches our columns, so when it retries the job and claims it again the
-        row still carries this old, expired lease; the changed attempts or due time tell ``refresh_rust_claims`` it is a new
-        claim, which gets a fresh lease instead of being taken from a worker that is alive.
+        The lease is marked ``seed:<attempts>:<next_run_at>`` (the stored marker keeps its name):
+        the Rust crate never touches our columns, so when it retries the job and claims it again
+        the row still carries this old, expired lease; the changed attempts or due time tell
+        ``refresh_rust_claims`` it is a new claim, which gets a fresh lease instead of being taken
+        from a worker that is alive.
         """
         marker = self.backend.rust_claim_marker_sql(RUST_CLAIM_MARKER)
         with self.writes, self.cursor() as c:
