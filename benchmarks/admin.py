@@ -43,10 +43,12 @@ def case(values: list[str]) -> str:
 
 
 def fill(rows: int, now: int) -> int:
-    """rows jobs; returns how many are dead. x % 10 = 0 is dead, x % 1000 = 1 running."""
+    """rows jobs; returns how many are dead. x % 100 < 10 is dead (so the dead jobs are of every
+    queue and job type, as x % 5 and x % 10 pick them), x % 1000 = 555 running."""
     from benchmarks.run import insert_generated, settle
+    from django_rws_jobs.models import Job, Status
 
-    failed, running = "x % 10 = 0", "x % 1000 = 1"
+    failed, running = "x % 100 < 10", "x % 1000 = 555"
     insert_generated(rows, "job-", {
         "job_type": case(TYPES),
         "queue": case(QUEUES),
@@ -63,7 +65,7 @@ def fill(rows: int, now: int) -> int:
     })
     if rows >= SETTLE_ROWS:
         settle()
-    return (rows + 9) // 10 if rows else 0
+    return Job.objects.filter(status=Status.FAILED).count()
 
 
 def pages() -> list[tuple[str, str]]:

@@ -6,7 +6,7 @@ import html
 import re
 
 import pytest
-from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -244,21 +244,69 @@ def test_the_dead_letter_filters_read_no_table(admin_client):
     assert not [q for q in ctx.captured_queries if "DISTINCT" in q["sql"].upper()]
 
 
-def test_the_overview_reads_the_queue_index_only(admin_client):
-    """The overview's count over every row names only columns of the queue index (a covering scan);
-    only the running rows are read for their leases."""
+def test_the_overview_reads_no_whole_range(admin_client, monkeypatch):
+    """The overview counts per queue and state up to a cap (LIMIT), finds the queues and
+    priorities by index probes (LIMIT 1), and reads only the running rows whole, for their
+    leases: no statement reads every row's entry, as one GROUP BY over the table did."""
+    from django_rws_jobs.admin import overview
+
+    monkeypatch.setattr(overview, "COUNT_CAP", 3)
     t = now()
     make_job("p1", queue="mail", due=t - 5)
+    make_job("p2", queue="mail", due=t - 50, priority=1)
+    make_job("p3", queue="mail", due=t + 600)
     make_job("r1", status="running", locked_until=t - 5)
     make_job("f1", status="failed", queue="mail")
+    for i in range(4):
+        make_job(f"f{i + 2}", status="failed", queue="bulk")
+        make_job(f"b{i}", queue="bulk", due=t - 5, priority=i % 2)  # 2 + 2 due: 4 past the cap
     with CaptureQueriesContext(connection) as ctx:
         response = admin_client.get(OVERVIEW)
-    rows = {r["stats"].queue: r["stats"] for r in response.context["rows"]}
-    assert (rows["mail"].pending, rows["mail"].due, rows["mail"].failed) == (1, 1, 1)
-    assert (rows["default"].running, rows["default"].lease_expired) == (1, 1)
-    jobs_sql = [re.sub(r'["`]', "", q["sql"]) for q in ctx.captured_queries if "rws_jobs" in q["sql"]]
-    assert len(jobs_sql) == 2
-    index = next(ix for ix in Job._meta.indexes if ix.name == "rws_jobs_queue_idx")
-    columns = set(re.findall(r"rws_jobs\.(\w+)", jobs_sql[0]))
-    assert "WHERE" not in jobs_sql[0].split("FROM")[1].split("GROUP BY")[0] and columns <= set(index.fields)
-    assert "status = %s" in jobs_sql[1] or "status = 'running'" in jobs_sql[1]
+    rows = {r["stats"].queue: r for r in response.context["rows"]}
+    mail, default, bulk = rows["mail"]["stats"], rows["default"]["stats"], rows["bulk"]["stats"]
+    assert (mail.pending, mail.due, mail.oldest_due, mail.failed) == (3, 2, t - 50, 1)
+    assert (default.running, default.lease_expired) == (1, 1)
+    assert rows["bulk"]["shown"]["failed"] == "3+" and response.context["totals"]["failed"] == "5+"
+    assert (bulk.pending, bulk.due, rows["bulk"]["shown"]["due"]) == (4, 4, "3+")
+    assert '<a href="/admin/django_rws_jobs/failedjob/?queue=bulk">3+</a>' in response.content.decode()
+    jobs_sql = [re.sub(r'["`]', "", q["sql"]).upper() for q in ctx.captured_queries if "rws_jobs" in q["sql"]]
+    leases = [sql for sql in jobs_sql if "LOCKED_UNTIL" in sql]
+    assert len(leases) == 1 and "STATUS = " in leases[0]
+    assert all("LIMIT" in sql and "STATUS = " in sql and "GROUP BY" not in sql
+               for sql in jobs_sql if sql not in leases)
+
+
+def test_the_dead_letter_list_walks_the_due_index(admin_client):
+    """The dead-letter list's order is the due index's, backwards, within status = 'failed': a
+    page of 100,000 dead jobs reads a page's worth instead of sorting them all by failed_at."""
+    make_job("d1", status="failed")
+    with CaptureQueriesContext(connection) as ctx:
+        assert admin_client.get(f"{DEAD}?job_type=test.record").status_code == 200
+    page = [re.sub(r'["`]', "", q["sql"]) for q in ctx.captured_queries
+            if "rws_jobs" in q["sql"] and "COUNT(" not in q["sql"].upper()]
+    assert len(page) == 1
+    order = page[0].split("ORDER BY")[1].split("LIMIT")[0].split(",")
+    order = [term.strip().removeprefix("rws_jobs.") for term in order]
+    assert order == ["next_run_at DESC", "priority DESC", "id DESC"]
+    due_index = next(ix for ix in Job._meta.indexes if ix.name == "rws_jobs_due_idx")
+    assert due_index.fields == ["status", "next_run_at", "priority"]
+
+
+@pytest.mark.parametrize("action", ["retry_selected", "delete_selected"])
+def test_a_big_action_logs_one_entry(admin_client, action):
+    """Up to LOG_EACH jobs get an admin log entry each (their history shows it); a bigger
+    selection one entry naming the count, not one INSERT and one object per job."""
+    from django_rws_jobs.admin.dead import LOG_EACH
+
+    t = now()
+    Job.objects.bulk_create(Job(id=f"d{i:04d}", job_type="test.record", status="failed", next_run_at=t,
+                                created_at=t, failed_at=t - 5) for i in range(LOG_EACH + 1))
+    extra = {"post": "yes", "rws_seen_until": str(t)} if action == "delete_selected" else {}
+    admin_client.post(DEAD, {"action": action, "index": "0", "select_across": "1",
+                             "_selected_action": ["d0000"], **extra})
+    assert not Job.objects.filter(status="failed").exists()
+    entry = LogEntry.objects.get()
+    verb = "Retried" if action == "retry_selected" else "Deleted"
+    assert entry.action_flag == (CHANGE if action == "retry_selected" else DELETION)
+    assert entry.object_id is None and entry.object_repr == f"{LOG_EACH + 1} dead jobs"
+    assert entry.change_message == f"{verb} {LOG_EACH + 1} dead jobs from the dead-letter list"

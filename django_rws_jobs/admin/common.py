@@ -19,6 +19,10 @@ from .. import humanize
 from ..db import queue_alias
 from ..models import FailedJob, Job, JobSchedule
 
+#: Rows a count on a big table reads at most: past it the jobs list says "more than", the
+#: overview "10000+".
+COUNT_CAP = 10_000
+
 
 def now() -> int:
     return int(time.time())

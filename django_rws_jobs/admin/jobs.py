@@ -20,7 +20,17 @@ from .. import humanize
 from ..models import Job, JobQuerySet, Status
 from ..registry import registry
 from . import overview
-from .common import QueueDatabaseAdmin, ReadOnlyAdminMixin, links, now, pre, refuse_nul, short_text, time_cell
+from .common import (
+    COUNT_CAP,
+    QueueDatabaseAdmin,
+    ReadOnlyAdminMixin,
+    links,
+    now,
+    pre,
+    refuse_nul,
+    short_text,
+    time_cell,
+)
 
 
 class DueFilter(admin.SimpleListFilter):
@@ -80,10 +90,6 @@ class JobTypeFilter(DeclaredChoicesFilter):
 
     def declared(self) -> set[str]:
         return set(registry.job_types())
-
-
-#: Rows the jobs list counts at most; past it the list says "more than".
-COUNT_CAP = 10_000
 
 
 class CappedCountPaginator(Paginator):
