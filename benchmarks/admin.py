@@ -49,20 +49,24 @@ def fill(rows: int, now: int) -> int:
     from django_rws_jobs.models import Job, Status
 
     failed, running = "x % 100 < 10", "x % 1000 = 555"
-    insert_generated(rows, "job-", {
-        "job_type": case(TYPES),
-        "queue": case(QUEUES),
-        "status": f"CASE WHEN {failed} THEN 'failed' WHEN {running} THEN 'running' ELSE 'pending' END",
-        "priority": "x % 3",
-        "next_run_at": f"{now - 3600} + x % 7200",
-        "created_at": f"{now - 86400} + x % 86400",
-        "attempts": f"CASE WHEN {failed} THEN 4 ELSE 0 END",
-        "failed_at": f"CASE WHEN {failed} THEN {now - 86400} + x % 86400 END",
-        "last_error": f"CASE WHEN {failed} THEN 'ValueError: boom' END",
-        "locked_by": f"CASE WHEN {running} THEN 'bench-worker:1' END",
-        "locked_until": f"CASE WHEN {running} THEN {now - 60} + x % 120 END",
-        "started_at": f"CASE WHEN {running} THEN {now - 100} END",
-    })
+    insert_generated(
+        rows,
+        "job-",
+        {
+            "job_type": case(TYPES),
+            "queue": case(QUEUES),
+            "status": f"CASE WHEN {failed} THEN 'failed' WHEN {running} THEN 'running' ELSE 'pending' END",
+            "priority": "x % 3",
+            "next_run_at": f"{now - 3600} + x % 7200",
+            "created_at": f"{now - 86400} + x % 86400",
+            "attempts": f"CASE WHEN {failed} THEN 4 ELSE 0 END",
+            "failed_at": f"CASE WHEN {failed} THEN {now - 86400} + x % 86400 END",
+            "last_error": f"CASE WHEN {failed} THEN 'ValueError: boom' END",
+            "locked_by": f"CASE WHEN {running} THEN 'bench-worker:1' END",
+            "locked_until": f"CASE WHEN {running} THEN {now - 60} + x % 120 END",
+            "started_at": f"CASE WHEN {running} THEN {now - 100} END",
+        },
+    )
     if rows >= SETTLE_ROWS:
         settle()
     return Job.objects.filter(status=Status.FAILED).count()
@@ -102,8 +106,10 @@ def time_page(client, url: str, repeat: int) -> float:
 def select_all(client, action: str, **extra: str) -> float:
     """Seconds of one "select all" + action POST on the dead-letter list."""
     t0 = time.perf_counter()
-    response = client.post("/admin/django_rws_jobs/failedjob/", {
-        "action": action, "index": "0", "select_across": "1", "_selected_action": ["job-10"], **extra})
+    response = client.post(
+        "/admin/django_rws_jobs/failedjob/",
+        {"action": action, "index": "0", "select_across": "1", "_selected_action": ["job-10"], **extra},
+    )
     elapsed = time.perf_counter() - t0
     if response.status_code != 302:
         raise RuntimeError(f"{action} answered {response.status_code}")
@@ -123,14 +129,17 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
     call_command("migrate", run_syncdb=True, verbosity=0)  # the admin's tables too
     now = int(time.time())
     dead = fill(args.rows, now)
-    JobSchedule.objects.bulk_create(JobSchedule(name=f"report.{i}", next_run_at=now + 60 * i, cron="0 * * * * *")
-                                    for i in range(5))
+    JobSchedule.objects.bulk_create(
+        JobSchedule(name=f"report.{i}", next_run_at=now + 60 * i, cron="0 * * * * *") for i in range(5)
+    )
     client = Client()
     client.force_login(User.objects.create_superuser("bench", password="x"))
     results = {"pages_ms": {label: time_page(client, url, args.repeat) for label, url in pages()}}
 
     results["retry_all_s"] = select_all(client, "retry_selected")
-    retried = Job.objects.filter(status=Status.PENDING, attempts=0, failed_at__isnull=True, last_error__isnull=False)
+    retried = Job.objects.filter(
+        status=Status.PENDING, attempts=0, failed_at__isnull=True, last_error__isnull=False
+    )
     if retried.count() != dead:
         raise RuntimeError(f"retry-all left {dead - retried.count()} of {dead} dead jobs")
     retried.update(status=Status.FAILED, failed_at=now - 10)  # dead again, for delete-all
@@ -145,8 +154,12 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dbs", nargs="*", default=["sqlite", "postgres", "mysql"], help="sqlite, postgres, mysql")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "dbs", nargs="*", default=["sqlite", "postgres", "mysql"], help="sqlite, postgres, mysql"
+    )
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--small", action="store_true", help="20,000 rows, one request a page (CI)")
@@ -157,8 +170,11 @@ def main() -> None:
     if args.small:
         args.rows, args.repeat = 20_000, 1
     if args.db_child:
-        os.environ.update(DJANGO_SETTINGS_MODULE="benchmarks.settings_admin", RWS_BENCH_DB=args.db_child,
-                          RWS_BENCH_DB_NAME=DB_NAME)
+        os.environ.update(
+            DJANGO_SETTINGS_MODULE="benchmarks.settings_admin",
+            RWS_BENCH_DB=args.db_child,
+            RWS_BENCH_DB_NAME=DB_NAME,
+        )
         sys.path.insert(0, str(ROOT))
         import django
 
@@ -168,8 +184,13 @@ def main() -> None:
     out = {"args": {"rows": args.rows, "repeat": args.repeat}, "results": {}}
     for db in args.dbs:
         print(f"benchmarking the admin on {db} ...", file=sys.stderr)
-        child = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--db-child", db], cwd=ROOT,
-                               stdout=subprocess.PIPE, text=True, check=True)
+        child = subprocess.run(
+            [sys.executable, __file__, *sys.argv[1:], "--db-child", db],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+        )
         out["results"][db] = json.loads(child.stdout.strip().splitlines()[-1])
     (HERE / "results").mkdir(exist_ok=True)
     (HERE / "results" / "admin.json").write_text(json.dumps(out, indent=2))
@@ -179,14 +200,18 @@ def main() -> None:
 def table(out: dict) -> str:
     dbs = list(out["results"])
     first = out["results"][dbs[0]]
-    lines = [f"| admin, {out['args']['rows']:,} rows in rws_jobs | " + " | ".join(dbs) + " |",
-             "|---|" + "---|" * len(dbs)]
+    lines = [
+        f"| admin, {out['args']['rows']:,} rows in rws_jobs | " + " | ".join(dbs) + " |",
+        "|---|" + "---|" * len(dbs),
+    ]
     for label in first["pages_ms"]:
         values = [out["results"][d]["pages_ms"][label] for d in dbs]
         lines.append(f"| {label} (ms) | " + " | ".join(f"{v:.0f}" for v in values) + " |")
     for key, verb in (("retry_all_s", "retry"), ("delete_all_s", "delete")):
         values = [out["results"][d][key] for d in dbs]
-        lines.append(f"| {verb} all {first['dead']:,} dead jobs (s) | " + " | ".join(f"{v:.1f}" for v in values) + " |")
+        lines.append(
+            f"| {verb} all {first['dead']:,} dead jobs (s) | " + " | ".join(f"{v:.1f}" for v in values) + " |"
+        )
     return "\n".join(lines) + f"\n\nPages: median of {out['args']['repeat']} request(s) after a warm-up."
 
 

@@ -30,15 +30,21 @@ def percentile(values: list[float], p: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("db", nargs="?", default="postgres", choices=["sqlite", "postgres", "mysql"])
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--future", type=int, default=0,
-                        help="not-yet-due jobs in the table during the drains")
-    parser.add_argument("--future-bands", type=int, default=0,
-                        help="spread the future jobs over this many priorities above the due jobs'")
+    parser.add_argument(
+        "--future", type=int, default=0, help="not-yet-due jobs in the table during the drains"
+    )
+    parser.add_argument(
+        "--future-bands",
+        type=int,
+        default=0,
+        help="spread the future jobs over this many priorities above the due jobs'",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from benchmarks.run import clear, fill_future, reset_database, setup_django
@@ -83,6 +89,7 @@ def main() -> None:
                 target(*args)
             finally:
                 roles["rws-job-*" if name.startswith("rws-job-") else name] += time.thread_time()
+
         spawn(self, name, run, *a)
 
     Worker._spawn = timed_spawn
@@ -97,16 +104,22 @@ def main() -> None:
         call_command("rws_worker", burst=True, workers=args.workers, verbosity=0)
         t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-        print(f"{args.db} run {run + 1}: {args.jobs / (t1 - t0):,.0f} jobs/s, worker CPU "
-              f"{cpu / args.jobs * 1e6:.0f} us/job "
-              f"(system {(r1.ru_stime - r0.ru_stime) / args.jobs * 1e6:.0f})")
+        print(
+            f"{args.db} run {run + 1}: {args.jobs / (t1 - t0):,.0f} jobs/s, worker CPU "
+            f"{cpu / args.jobs * 1e6:.0f} us/job "
+            f"(system {(r1.ru_stime - r0.ru_stime) / args.jobs * 1e6:.0f})"
+        )
         by_role = ", ".join(f"{k} {v / args.jobs * 1e6:.0f}" for k, v in roles.most_common())
         print("  CPU by thread (us/job): " + by_role)
-        print(f"  claims by size {sorted(claims.items())}; "
-              f"completions by size {sorted(completions.items())[:8]}")
+        print(
+            f"  claims by size {sorted(claims.items())}; "
+            f"completions by size {sorted(completions.items())[:8]}"
+        )
         for label, values in (("claim", claim_s), ("completion", complete_s)):
-            print(f"  {label}: p50 {percentile(values, 0.5) * 1e6:.0f} us, "
-                  f"p90 {percentile(values, 0.9) * 1e6:.0f} us, p99 {percentile(values, 0.99) * 1e6:.0f} us")
+            print(
+                f"  {label}: p50 {percentile(values, 0.5) * 1e6:.0f} us, "
+                f"p90 {percentile(values, 0.9) * 1e6:.0f} us, p99 {percentile(values, 0.99) * 1e6:.0f} us"
+            )
 
 
 if __name__ == "__main__":

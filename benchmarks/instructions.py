@@ -23,9 +23,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-DRAIN = ("import django; django.setup()\n"
-         "from django.core.management import call_command\n"
-         "call_command('rws_worker', burst=True, workers=4, verbosity=0)\n")
+DRAIN = (
+    "import django; django.setup()\n"
+    "from django.core.management import call_command\n"
+    "call_command('rws_worker', burst=True, workers=4, verbosity=0)\n"
+)
 
 
 def instructions(db: str, n: int) -> int:
@@ -38,8 +40,14 @@ def instructions(db: str, n: int) -> int:
 
     connections.close_all()
     valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
-    out = subprocess.run([*valgrind, sys.executable, "-c", DRAIN],
-                         cwd=ROOT, env=env_for(db), capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [*valgrind, sys.executable, "-c", DRAIN],
+        cwd=ROOT,
+        env=env_for(db),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     found = re.search(r"Collected : ([\d,]+)", out.stderr)
     if found is None:
         raise RuntimeError(f"valgrind printed no count: {out.stderr[-2000:]}")
@@ -48,7 +56,8 @@ def instructions(db: str, n: int) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("db", nargs="?", default="sqlite", choices=["sqlite", "postgres", "mysql"])
     parser.add_argument("--jobs", type=int, default=2000)
     args = parser.parse_args()
@@ -60,8 +69,10 @@ def main() -> None:
     setup_django(args.db)
     reset_database(args.db)
     small, large = instructions(args.db, args.jobs), instructions(args.db, 3 * args.jobs)
-    print(f"{args.db}: {(large - small) / (2 * args.jobs):,.0f} instructions per job in the worker "
-          f"({small:,} for {args.jobs} jobs, {large:,} for {3 * args.jobs})")
+    print(
+        f"{args.db}: {(large - small) / (2 * args.jobs):,.0f} instructions per job in the worker "
+        f"({small:,} for {args.jobs} jobs, {large:,} for {3 * args.jobs})"
+    )
 
 
 if __name__ == "__main__":

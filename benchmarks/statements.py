@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("db", nargs="?", default="postgres", choices=["sqlite", "postgres", "mysql"])
     parser.add_argument("--jobs", type=int, default=30_000)
     parser.add_argument("--rounds", type=int, default=300)
@@ -62,6 +63,7 @@ def main() -> None:
     with claimer.conn.cursor() as c:
         timed("SELECT 1", lambda i: (c.execute("SELECT 1"), c.fetchall()))
     for size in (1, 4, 16):
+
         def claim(i: int, size: int = size) -> None:
             jobs = claimer.claim(f"bench-{size}-{i}", now, now + 60, None, size)
             assert len(jobs) == size, jobs
@@ -74,13 +76,16 @@ def main() -> None:
         taken.extend(claimer.claim(f"bench-only-{i}", now, now + 60, None, 4))
 
     timed("claim 4 (kept running)", claim_only)
-    timed("complete 4", lambda i: completer.complete_many(taken[4 * i:4 * i + 4]))
-    rest = ids[-4 * args.rounds:]  # claims go in id order: these are still pending
+    timed("complete 4", lambda i: completer.complete_many(taken[4 * i : 4 * i + 4]))
+    rest = ids[-4 * args.rounds :]  # claims go in id order: these are still pending
     marks = ", ".join(["%s"] * 4)
     with claimer.conn.cursor() as c:
-        timed("UPDATE of 4 rows by primary key (reference)",
-              lambda i: c.execute(f"UPDATE rws_jobs SET attempts = attempts + 1 WHERE id IN ({marks})",
-                                  rest[4 * i:4 * i + 4]))
+        timed(
+            "UPDATE of 4 rows by primary key (reference)",
+            lambda i: c.execute(
+                f"UPDATE rws_jobs SET attempts = attempts + 1 WHERE id IN ({marks})", rest[4 * i : 4 * i + 4]
+            ),
+        )
     # What one enqueue costs against a bare INSERT of the same row on the same (Django's) connection,
     # both in autocommit: the difference is the app's share, the rest is the database's commit.
     timed("enqueue() of one job, autocommit", lambda i: enqueue("bench.noop", "x", run_in=3600))

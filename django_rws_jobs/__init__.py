@@ -18,14 +18,31 @@ if TYPE_CHECKING:
     from .schedules import Schedule
 
 __all__ = [
-    "job", "register", "enqueue", "enqueue_many", "jobs", "failed_jobs", "retry", "delete", "tick",
+    "job",
+    "register",
+    "enqueue",
+    "enqueue_many",
+    "jobs",
+    "failed_jobs",
+    "retry",
+    "delete",
+    "tick",
     "tick_schedules",
 ]
 
 
-def enqueue(job_type: str, payload: str = "", *, queue: str | None = None, priority: int | None = None,
-            run_at: dt.datetime | None = None, run_in: dt.timedelta | float | None = None,
-            unique: str | None = None, max_retries: int | None = None, using: str | None = None) -> str:
+def enqueue(
+    job_type: str,
+    payload: str = "",
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    run_in: dt.timedelta | float | None = None,
+    unique: str | None = None,
+    max_retries: int | None = None,
+    using: str | None = None,
+) -> str:
     """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
 
     With ``unique=key``, while a job of this type and key is pending or running nothing is
@@ -33,8 +50,17 @@ def enqueue(job_type: str, payload: str = "", *, queue: str | None = None, prior
     """
     from .api import enqueue as _enqueue
 
-    return _enqueue(job_type, payload, queue=queue, priority=priority, run_at=run_at, run_in=run_in,
-                    unique=unique, max_retries=max_retries, using=using)
+    return _enqueue(
+        job_type,
+        payload,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        run_in=run_in,
+        unique=unique,
+        max_retries=max_retries,
+        using=using,
+    )
 
 
 def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: int = 1000) -> list[str]:
@@ -79,8 +105,9 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     return _tick(queues=queues, using=using)
 
 
-def tick_schedules(now: int | None = None, *, using: str | None = None,
-                   schedules: list[Schedule] | None = None) -> int:
+def tick_schedules(
+    now: int | None = None, *, using: str | None = None, schedules: list[Schedule] | None = None
+) -> int:
     """Enqueue the cron jobs that are due, each due time once across all processes."""
     from .schedules import tick_schedules as _tick_schedules
 

@@ -26,8 +26,9 @@ from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 class CreateOrAdoptModel(migrations.CreateModel):
     """CreateModel, or, where the table exists already (rust-web-server's), adopt it with its rows."""
 
-    def database_forwards(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor,
-                          from_state: Any, to_state: Any) -> None:
+    def database_forwards(
+        self, app_label: str, schema_editor: BaseDatabaseSchemaEditor, from_state: Any, to_state: Any
+    ) -> None:
         model = to_state.apps.get_model(app_label, self.name)
         conn = schema_editor.connection
         if self.allow_migrate_model(conn.alias, model):
@@ -48,8 +49,10 @@ def adopt(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model]) ->
     fields = model._meta.local_concrete_fields
     unknown = set(columns) - {f.column for f in fields}
     if unknown:
-        raise RuntimeError(f"cannot adopt table {table!r}: it has columns the model does not know: "
-                           f"{', '.join(sorted(unknown))} (expected rust-web-server's form of the table)")
+        raise RuntimeError(
+            f"cannot adopt table {table!r}: it has columns the model does not know: "
+            f"{', '.join(sorted(unknown))} (expected rust-web-server's form of the table)"
+        )
     if conn.vendor == "sqlite":
         _rebuild(schema_editor, model, [f.column for f in fields if f.column in columns])
         return

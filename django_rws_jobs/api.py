@@ -30,13 +30,22 @@ from .validation import text as _text
 #: What a dict item of enqueue_many may hold: enqueue's options, nothing internal.
 ITEM_KEYS = ("job_type", "payload", "queue", "priority", "run_at", "run_in", "unique", "max_retries")
 
+
 def unique_hash(job_type: str, unique: str) -> str:
     return hashlib.sha256(f"{job_type}\x00{unique}".encode()).hexdigest()
 
 
 def prepare(
-    job_type: Any, payload: Any = "", *, queue: Any = None, priority: Any = None, run_at: Any = None,
-    run_in: Any = None, unique: Any = None, max_retries: Any = None, now: float | None = None,
+    job_type: Any,
+    payload: Any = "",
+    *,
+    queue: Any = None,
+    priority: Any = None,
+    run_at: Any = None,
+    run_in: Any = None,
+    unique: Any = None,
+    max_retries: Any = None,
+    now: float | None = None,
 ) -> list[Any]:
     """Validate one job's arguments and return its INSERT parameters (the id included)."""
     job_type = _text("job_type", job_type)
@@ -55,21 +64,46 @@ def prepare(
     now = time.time() if now is None else now
     due = due_at(run_at, run_in, now)
     return [
-        ids.new_id(), job_type, payload, max_retries, due, int(now), queue, priority, unique,
+        ids.new_id(),
+        job_type,
+        payload,
+        max_retries,
+        due,
+        int(now),
+        queue,
+        priority,
+        unique,
         unique_hash(job_type, unique) if unique is not None else None,
     ]
 
 
-def enqueue(job_type: str, payload: str = "", *, queue: str | None = None, priority: int | None = None,
-            run_at: dt.datetime | None = None, run_in: dt.timedelta | float | None = None,
-            unique: str | None = None, max_retries: int | None = None, using: str | None = None) -> str:
+def enqueue(
+    job_type: str,
+    payload: str = "",
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: dt.datetime | None = None,
+    run_in: dt.timedelta | float | None = None,
+    unique: str | None = None,
+    max_retries: int | None = None,
+    using: str | None = None,
+) -> str:
     """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
 
     With ``unique=key``, while a job of this type and key is pending or running nothing is
     inserted and that job's id is returned (the database enforces it across processes).
     """
-    params = prepare(job_type, payload, queue=queue, priority=priority, run_at=run_at, run_in=run_in,
-                     unique=unique, max_retries=max_retries)
+    params = prepare(
+        job_type,
+        payload,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        run_in=run_in,
+        unique=unique,
+        max_retries=max_retries,
+    )
     alias = queue_alias(using)
     backend_for(connections[alias]).check_insert_size(params, "the job")
     if params[-1] is None:
@@ -137,8 +171,9 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
             # (test_enqueue_many_statements_are_seen_by_execute_wrappers_and_the_query_log).
             watched = bool(conn.execute_wrappers) or conn.queries_logged
             backend_for(conn).insert_many(c, plain(), batch_size, where, watched)
-        ids = [r[0] if r[-1] is None else _insert_unique_checked(conn, alias, r, i)
-               for i, r in enumerate(rows)]
+        ids = [
+            r[0] if r[-1] is None else _insert_unique_checked(conn, alias, r, i) for i, r in enumerate(rows)
+        ]
         _wake_local_workers(alias)
     return ids
 
@@ -188,8 +223,9 @@ def _insert_unique(alias: str, params: list[Any]) -> str:
                 return row[0]
             if row is not None:
                 # A failed row still holding the key (a rust-web-server writer does not clear it): free it.
-                c.execute("UPDATE rws_jobs SET unique_hash = NULL WHERE id = %s AND status = 'failed'",
-                          [row[0]])
+                c.execute(
+                    "UPDATE rws_jobs SET unique_hash = NULL WHERE id = %s AND status = 'failed'", [row[0]]
+                )
         # Otherwise the holder finished between the two statements: insert again.
     raise RuntimeError(f"could not enqueue unique job {params[1]!r} key {params[8]!r}: kept conflicting")
 
@@ -223,9 +259,18 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
         digest = unique_hash(job.job_type, job.unique_key) if job.unique_key is not None else None
         try:
             with transaction.atomic(using=alias):
-                changed = _by_id(alias, job_id).filter(status=Status.FAILED).update(
-                    status=Status.PENDING, attempts=0, next_run_at=now, unique_hash=digest,
-                    locked_by=None, locked_until=None, failed_at=None,
+                changed = (
+                    _by_id(alias, job_id)
+                    .filter(status=Status.FAILED)
+                    .update(
+                        status=Status.PENDING,
+                        attempts=0,
+                        next_run_at=now,
+                        unique_hash=digest,
+                        locked_by=None,
+                        locked_until=None,
+                        failed_at=None,
+                    )
                 )
         except IntegrityError:
             return False
@@ -237,8 +282,9 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
 RETRY_BATCH = 1000
 
 
-def retry_many(job_ids: Iterable[str], *, using: str | None = None,
-               now: int | None = None) -> tuple[list[str], list[str]]:
+def retry_many(
+    job_ids: Iterable[str], *, using: str | None = None, now: int | None = None
+) -> tuple[list[str], list[str]]:
     """``retry`` for many jobs, a few statements per batch of ids instead of several per job.
 
     Returns (retried, blocked): the failed jobs put back, due now with attempts reset, and the
@@ -254,7 +300,7 @@ def retry_many(job_ids: Iterable[str], *, using: str | None = None,
     blocked: list[str] = []
     size = _retry_batch_size(connections[alias])
     for start in range(0, len(ids), size):
-        done, held = _retry_batch(alias, ids[start:start + size], now)
+        done, held = _retry_batch(alias, ids[start : start + size], now)
         retried += done
         blocked += held
     return retried, blocked
@@ -272,8 +318,11 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
     tests/test_admin_input.py::test_retry_all_takes_a_bounded_number_of_queries."""
     jobs = Job.objects.using(alias)
     with transaction.atomic(using=alias):
-        rows = list(jobs.select_for_update().filter(id__in=ids, status=Status.FAILED)
-                    .values_list("id", "job_type", "unique_key"))
+        rows = list(
+            jobs.select_for_update()
+            .filter(id__in=ids, status=Status.FAILED)
+            .values_list("id", "job_type", "unique_key")
+        )
         digests = {job_id: unique_hash(t, k) for job_id, t, k in rows if k is not None}
         holders = dict(jobs.filter(unique_hash__in=set(digests.values())).values_list("unique_hash", "id"))
         blocked, taken = [], set()
@@ -290,9 +339,14 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
         try:
             with transaction.atomic(using=alias):
                 jobs.filter(id__in=retried).update(
-                    status=Status.PENDING, attempts=0, next_run_at=now,
+                    status=Status.PENDING,
+                    attempts=0,
+                    next_run_at=now,
                     unique_hash=Case(*keyed, default=None) if keyed else None,
-                    locked_by=None, locked_until=None, failed_at=None)
+                    locked_by=None,
+                    locked_until=None,
+                    failed_at=None,
+                )
         except IntegrityError:
             # A key was taken since the look above (an enqueue that committed meanwhile): one by
             # one, as retry() does, which tells which.

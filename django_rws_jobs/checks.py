@@ -20,8 +20,9 @@ DAY, WEEK, YEAR = 86400, 7 * 86400, 365 * 86400
 SECONDS = "a number of seconds"
 
 
-def _bounded(what: str, lo: int, hi: int, *, above: bool = False,
-             integer: bool = False) -> tuple[Callable[[Any], bool], str]:
+def _bounded(
+    what: str, lo: int, hi: int, *, above: bool = False, integer: bool = False
+) -> tuple[Callable[[Any], bool], str]:
     """A test that a value is a finite int (or float) in [lo, hi] ((lo, hi] if ``above``), and
     its words: Python's int and float, not bool, never nan or inf."""
 
@@ -47,8 +48,11 @@ def _optional(rule: tuple[Callable[[Any], bool], str]) -> tuple[Callable[[Any], 
 # Worker(poll_interval=) go through the same rule
 # (tests/test_input.py::test_worker_refuses_bad_arguments_and_settings).
 RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
-    "DATABASE": ("rws_jobs.E002", lambda v: isinstance(v, str) and v in connections.settings,
-                 "an alias in DATABASES"),
+    "DATABASE": (
+        "rws_jobs.E002",
+        lambda v: isinstance(v, str) and v in connections.settings,
+        "an alias in DATABASES",
+    ),
     "MAX_RETRIES": ("rws_jobs.E003", *_bounded("an integer", 0, INT32_MAX, integer=True)),
     "BACKOFF_INITIAL": ("rws_jobs.E004", *_bounded(SECONDS, 0, YEAR)),
     "BACKOFF_MULTIPLIER": ("rws_jobs.E005", *_bounded("a number", 1, 1000)),
@@ -59,8 +63,13 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "SCHEDULES": ("rws_jobs.E010", lambda v: isinstance(v, dict), "a dict of name -> schedule"),
     "RECOVERY_INTERVAL": ("rws_jobs.E011", *_optional(_bounded(SECONDS, 0, DAY, above=True))),
     "WORKER_SYNCHRONOUS_COMMIT": ("rws_jobs.E012", lambda v: isinstance(v, bool), "True or False"),
-    "SQLITE_SETUP_ALIASES": ("rws_jobs.E014", lambda v: isinstance(v, (list, tuple)) and all(
-        isinstance(a, str) and a in connections.settings for a in v), "a list of aliases in DATABASES"),
+    "SQLITE_SETUP_ALIASES": (
+        "rws_jobs.E014",
+        lambda v: (
+            isinstance(v, (list, tuple)) and all(isinstance(a, str) and a in connections.settings for a in v)
+        ),
+        "a list of aliases in DATABASES",
+    ),
 }
 
 
@@ -88,8 +97,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         return [Error(f"RWS_JOBS must be a dict, got {type(raw).__name__}", id="rws_jobs.E001")]
     messages: list[Any] = []
     for key in sorted(set(raw) - set(DEFAULTS), key=repr):  # keys of any types
-        messages.append(Warning(f"RWS_JOBS has an unknown key {show(key)}",
-                                hint=f"known keys: {', '.join(DEFAULTS)}", id="rws_jobs.W001"))
+        messages.append(
+            Warning(
+                f"RWS_JOBS has an unknown key {show(key)}",
+                hint=f"known keys: {', '.join(DEFAULTS)}",
+                id="rws_jobs.W001",
+            )
+        )
     for key, (check_id, test, must) in RULES.items():
         value = getattr(jobs_settings, key)
         if not test(value):

@@ -90,15 +90,26 @@ class Cron:
     def matches(self, t: int) -> bool:
         """True if unix second ``t`` is a due time."""
         d = dt.datetime.fromtimestamp(t, dt.timezone.utc)
-        return (d.second in self.second and d.minute in self.minute and d.hour in self.hour
-                and d.day in self.day and d.month in self.month and (d.weekday() + 1) % 7 in self.weekday)
+        return (
+            d.second in self.second
+            and d.minute in self.minute
+            and d.hour in self.hour
+            and d.day in self.day
+            and d.month in self.month
+            and (d.weekday() + 1) % 7 in self.weekday
+        )
 
     def next_after(self, t: int) -> int:
         """The first due time strictly after unix second ``t``."""
         start = dt.datetime.fromtimestamp(int(t), dt.timezone.utc)
         try:
-            it = croniter(self.croniter_expr, start, second_at_beginning=True, day_or=False,
-                          max_years_between_matches=SEARCH_YEARS)
+            it = croniter(
+                self.croniter_expr,
+                start,
+                second_at_beginning=True,
+                day_or=False,
+                max_years_between_matches=SEARCH_YEARS,
+            )
             nxt = int(it.get_next(float))
             while nxt <= t:  # croniter answers strictly after start; this only guards that promise
                 nxt = int(it.get_next(float))
@@ -149,8 +160,10 @@ def _parse(expr: str) -> Cron:
     if not any(day <= MONTH_DAYS[month] for month in cron.month for day in cron.day):
         # Every date that exists falls on every weekday within 400 years, so only day-of-month
         # against month can make an expression never fire.
-        raise CronNeverFires(f"cron expression {expr!r} never fires: "
-                             f"day-of-month {fields[3]!r} never occurs in month {fields[4]!r}")
+        raise CronNeverFires(
+            f"cron expression {expr!r} never fires: "
+            f"day-of-month {fields[3]!r} never occurs in month {fields[4]!r}"
+        )
     return cron
 
 
@@ -163,8 +176,9 @@ def _field(expr: str, spec: tuple[str, int, int], field: str) -> frozenset[int]:
         m = _ITEM.match(item)
         if m is None or (m["step"] is not None and m["lo"] is not None and m["hi"] is None):
             hint = f" ({'jan-dec' if name == 'month' else 'sun-sat'} work too)" if names else ""
-            raise CronError(f"cron expression {expr!r}: cannot read the {name} field {field!r}; "
-                            f"{_ITEM_HELP}{hint}")
+            raise CronError(
+                f"cron expression {expr!r}: cannot read the {name} field {field!r}; {_ITEM_HELP}{hint}"
+            )
         if m["star"]:
             start, end = lo, hi
         else:

@@ -70,8 +70,9 @@ def write_lock(conn: BaseDatabaseWrapper) -> AbstractContextManager[Any]:
     return backend_for(conn).write_lock()
 
 
-def atomic(conn: BaseDatabaseWrapper, *, write: bool = True,
-           cursor: Any = None) -> AbstractContextManager[None]:
+def atomic(
+    conn: BaseDatabaseWrapper, *, write: bool = True, cursor: Any = None
+) -> AbstractContextManager[None]:
     """A short transaction on ``conn`` (see BaseBackend.atomic)."""
     return backend_for(conn).atomic(write=write, cursor=cursor)
 
@@ -84,9 +85,16 @@ MYSQL_PERMANENT = frozenset({1044, 1045, 1046, 1049, 1054, 1064, 1142, 1143, 114
 #: column, a syntax error), SQLITE_READONLY, SQLITE_CORRUPT, SQLITE_NOTADB, SQLITE_AUTH.
 SQLITE_PERMANENT = frozenset({1, 8, 11, 23, 26})
 #: The same, told by their messages where Python (before 3.11) gives no result code.
-SQLITE_PERMANENT_MESSAGES = ("no such table", "no such column", "syntax error", "has no column named",
-                             "attempt to write a readonly database", "file is not a database",
-                             "database disk image is malformed", "not authorized")
+SQLITE_PERMANENT_MESSAGES = (
+    "no such table",
+    "no such column",
+    "syntax error",
+    "has no column named",
+    "attempt to write a readonly database",
+    "file is not a database",
+    "database disk image is malformed",
+    "not authorized",
+)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -109,5 +117,14 @@ def is_transient(exc: BaseException) -> bool:
     return not any(m in message for m in SQLITE_PERMANENT_MESSAGES)
 
 
-__all__ = ["atomic", "configure_connection", "is_registered", "is_transient", "private_connection",
-           "queue_alias", "sends_several", "thread_connected", "write_lock"]
+__all__ = [
+    "atomic",
+    "configure_connection",
+    "is_registered",
+    "is_transient",
+    "private_connection",
+    "queue_alias",
+    "sends_several",
+    "thread_connected",
+    "write_lock",
+]

@@ -64,13 +64,30 @@ def absolute(ts: int | None) -> str:
 # ---- cron expressions in words -------------------------------------------------------------
 
 DAY_NAMES = ("Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
-MONTH_NAMES = ("January", "February", "March", "April", "May", "June", "July", "August",
-               "September", "October", "November", "December")
+MONTH_NAMES = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 _NAME_NUMBERS = {n[:3].lower(): i for i, n in enumerate(DAY_NAMES)}
 _MONTH_NUMBERS = {n[:3].lower(): i + 1 for i, n in enumerate(MONTH_NAMES)}
 _ALIASES = {
-    "@yearly": "0 0 0 1 1 *", "@annually": "0 0 0 1 1 *", "@monthly": "0 0 0 1 * *",
-    "@weekly": "0 0 0 * * 0", "@daily": "0 0 0 * * *", "@midnight": "0 0 0 * * *", "@hourly": "0 0 * * * *",
+    "@yearly": "0 0 0 1 1 *",
+    "@annually": "0 0 0 1 1 *",
+    "@monthly": "0 0 0 1 * *",
+    "@weekly": "0 0 0 * * 0",
+    "@daily": "0 0 0 * * *",
+    "@midnight": "0 0 0 * * *",
+    "@hourly": "0 0 * * * *",
 }
 _ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
 _STEP = re.compile(r"^\*/(\d+)$")

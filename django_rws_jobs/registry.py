@@ -52,8 +52,9 @@ class Registry:
             if schedule is not None:
                 # Registering again (a re-imported module) replaces this job_type's declarations.
                 self._schedule_decls = [d for d in self._schedule_decls if d[0] != job_type]
-                self._schedule_decls.extend((job_type, name, entry)
-                                            for name, entry in _schedule_entries(job_type, schedule))
+                self._schedule_decls.extend(
+                    (job_type, name, entry) for name, entry in _schedule_entries(job_type, schedule)
+                )
         return func
 
     def unregister(self, job_type: str) -> None:

@@ -64,7 +64,7 @@ def storable(text: str, limit: int, *, keep_end: bool = False) -> str:
     marker = f"\n[... {len(text) - keep} characters cut ...]\n"
     if keep_end:
         head = keep // 4
-        return text[:head] + marker + text[len(text) - (keep - head):]
+        return text[:head] + marker + text[len(text) - (keep - head) :]
     return text[:keep] + marker
 
 
@@ -115,7 +115,12 @@ def execute(job: Claimed) -> tuple[str | None, str | None]:
         tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
         logger.error(
             "job %s (%s) failed on attempt %d/%d: %s: %s",
-            job.id, job.job_type, job.attempts + 1, job.max_retries + 1, type(exc).__name__, exc,
+            job.id,
+            job.job_type,
+            job.attempts + 1,
+            job.max_retries + 1,
+            type(exc).__name__,
+            exc,
             exc_info=True,
         )
         return describe(exc), tb
@@ -135,8 +140,9 @@ def _close_old_connections() -> None:
         close_old_connections()
 
 
-def record(store: Store, job: Claimed, error: str | None, tb: str | None,
-           expired_before: int | None = None) -> str:
+def record(
+    store: Store, job: Claimed, error: str | None, tb: str | None, expired_before: int | None = None
+) -> str:
     """Write the outcome, fenced on the claim; return what happened ('done', 'retry', 'dead', 'lost')."""
     now = time.time()
     if error is not None:
@@ -151,24 +157,41 @@ def record(store: Store, job: Claimed, error: str | None, tb: str | None,
             applied = store.reschedule(job, attempts, error, tb, due, expired_before)
             outcome = "retry"
             if applied:
-                logger.info("job %s (%s) will retry at %d (attempt %d of %d)",
-                            job.id, job.job_type, due, attempts + 1, job.max_retries + 1)
+                logger.info(
+                    "job %s (%s) will retry at %d (attempt %d of %d)",
+                    job.id,
+                    job.job_type,
+                    due,
+                    attempts + 1,
+                    job.max_retries + 1,
+                )
         else:
             applied = store.move_to_dead_letters(job, attempts, error, tb, int(now), expired_before)
             outcome = "dead"
             if applied:
-                logger.error("job %s (%s) moved to the dead-letter list after %d attempts: %s",
-                             job.id, job.job_type, attempts, error)
-                dead = job.as_job(status="failed", attempts=attempts, last_error=error, traceback=tb,
-                                  failed_at=int(now))
+                logger.error(
+                    "job %s (%s) moved to the dead-letter list after %d attempts: %s",
+                    job.id,
+                    job.job_type,
+                    attempts,
+                    error,
+                )
+                dead = job.as_job(
+                    status="failed", attempts=attempts, last_error=error, traceback=tb, failed_at=int(now)
+                )
                 if is_registered(store.conn):  # tick() inside the caller's transaction: after it commits
                     transaction.on_commit(lambda: send_dead(dead), using=store.conn.alias)
                 else:
                     send_dead(dead)
     if not applied:
-        logger.warning("job %s (%s): result %r dropped: claim %s no longer holds it "
-                       "(its lease expired and another worker took it over)",
-                       job.id, job.job_type, outcome, job.token)
+        logger.warning(
+            "job %s (%s): result %r dropped: claim %s no longer holds it "
+            "(its lease expired and another worker took it over)",
+            job.id,
+            job.job_type,
+            outcome,
+            job.token,
+        )
         return "lost"
     return outcome
 
@@ -186,8 +209,9 @@ def send_dead(job: Any) -> None:
             logger.exception("job_dead receiver %r raised for job %s", receiver, job.id)
 
 
-def record_or_fallback(call: Callable[[Callable[[Store], str]], str], job: Claimed, error: str | None,
-                       tb: str | None) -> str:
+def record_or_fallback(
+    call: Callable[[Callable[[Store], str]], str], job: Claimed, error: str | None, tb: str | None
+) -> str:
     """Record an outcome through ``call`` (which runs a Store operation, retrying what may pass).
 
     A failure the database refuses to store for good (a value it rejects) is recorded again with
@@ -200,8 +224,12 @@ def record_or_fallback(call: Callable[[Callable[[Store], str]], str], job: Claim
     except DatabaseError as exc:
         if error is None or is_transient(exc):
             raise
-        logger.error("job %s (%s): the database refused its outcome (%s); recording it as plain text",
-                     job.id, job.job_type, exc)
+        logger.error(
+            "job %s (%s): the database refused its outcome (%s); recording it as plain text",
+            job.id,
+            job.job_type,
+            exc,
+        )
         plain = error.encode("ascii", "backslashreplace").decode("ascii")
         return call(lambda s: record(s, job, plain, None))
 

@@ -87,15 +87,25 @@ def declared() -> tuple[list[Schedule], list[ScheduleError]]:
     named = []
     for name, entry, source in entries:
         if not isinstance(name, str) or not name or len(name) > NAME_MAX:
-            errors.append(ScheduleError(name, f"the name must be a string of 1 to {NAME_MAX} characters "
-                                              f"(declared in {source})", BAD_OPTION))
+            errors.append(
+                ScheduleError(
+                    name,
+                    f"the name must be a string of 1 to {NAME_MAX} characters (declared in {source})",
+                    BAD_OPTION,
+                )
+            )
             continue
         sources[name].append(source)
         named.append((name, entry, source))
     for name, where in sources.items():
         if len(where) > 1:
-            errors.append(ScheduleError(name, f"is declared {len(where)} times ({', '.join(where)}); "
-                                              "schedule names must be unique", DUPLICATE))
+            errors.append(
+                ScheduleError(
+                    name,
+                    f"is declared {len(where)} times ({', '.join(where)}); schedule names must be unique",
+                    DUPLICATE,
+                )
+            )
 
     schedules: list[Schedule] = []
     for name, entry, source in named:
@@ -115,15 +125,24 @@ def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[Sc
         return ScheduleError(name, message, check_id)
 
     if not isinstance(entry, dict):
-        return None, [error(f"must be a dict with 'cron' and 'job_type' (optional: {', '.join(KEYS[2:])}), "
-                            f"got {type(entry).__name__} {entry!r:.60}", BAD_OPTION)]
+        return None, [
+            error(
+                f"must be a dict with 'cron' and 'job_type' (optional: {', '.join(KEYS[2:])}), "
+                f"got {type(entry).__name__} {entry!r:.60}",
+                BAD_OPTION,
+            )
+        ]
     unknown = [key for key in entry if key not in KEYS]
     missing = [key for key in ("cron", "job_type") if key not in entry]
     if unknown or missing:
         problems = []
         if unknown:
-            problems.append(error(f"unknown key(s) {', '.join(map(repr, unknown))}; the keys are "
-                                  f"{', '.join(KEYS)}", BAD_OPTION))
+            problems.append(
+                error(
+                    f"unknown key(s) {', '.join(map(repr, unknown))}; the keys are {', '.join(KEYS)}",
+                    BAD_OPTION,
+                )
+            )
         if missing:
             problems.append(error(f"needs {' and '.join(map(repr, missing))}", BAD_OPTION))
         return None, problems
@@ -143,8 +162,13 @@ def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[Sc
         problems.append(error(str(exc), BAD_OPTION))
     else:
         if job_type not in registry:
-            problems.append(error(f"job_type {job_type!r} has no registered handler; register one with "
-                                  f"@job({job_type!r}) in a jobs.py module", UNKNOWN_JOB_TYPE))
+            problems.append(
+                error(
+                    f"job_type {job_type!r} has no registered handler; register one with "
+                    f"@job({job_type!r}) in a jobs.py module",
+                    UNKNOWN_JOB_TYPE,
+                )
+            )
     if problems:
         return None, problems
     return Schedule(name, expr.text, job_type, payload, options, source), []
@@ -165,8 +189,9 @@ def valid_schedules() -> list[Schedule]:
     return schedules
 
 
-def tick_schedules(now: int | None = None, *, using: str | None = None,
-                   schedules: list[Schedule] | None = None) -> int:
+def tick_schedules(
+    now: int | None = None, *, using: str | None = None, schedules: list[Schedule] | None = None
+) -> int:
     """Enqueue the jobs of the schedules that are due at ``now``; return how many this call enqueued.
 
     The first time a schedule is seen, its row gets the next due time strictly after ``now`` and
@@ -183,8 +208,12 @@ def tick_schedules(now: int | None = None, *, using: str | None = None,
         return 0
     # One read for all of them: when nothing is due, a tick costs this one query.
     try:
-        stored = {name: (due, expr) for name, due, expr in JobSchedule.objects.using(alias)
-                  .filter(name__in=[s.name for s in schedules]).values_list("name", "next_run_at", "cron")}
+        stored = {
+            name: (due, expr)
+            for name, due, expr in JobSchedule.objects.using(alias)
+            .filter(name__in=[s.name for s in schedules])
+            .values_list("name", "next_run_at", "cron")
+        }
     except DatabaseError as exc:
         logger.warning("schedules: database error at %d: %s", now, exc)
         return 0
@@ -223,10 +252,12 @@ def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, 
             # the new expression's, from now on, not the one stored for the old expression.
             with transaction.atomic(using=alias):
                 changed = rows.filter(name=schedule.name, next_run_at=due, cron=stored).update(
-                    next_run_at=nxt, cron=expr.text)
+                    next_run_at=nxt, cron=expr.text
+                )
             if changed:
-                logger.info("schedule %r is now %r (was %r); next due at %d",
-                            schedule.name, expr.text, stored, nxt)
+                logger.info(
+                    "schedule %r is now %r (was %r); next due at %d", schedule.name, expr.text, stored, nxt
+                )
         return 0
     # Due (whatever expression stored it): claim this due time, and enqueue in the same transaction.
     with transaction.atomic(using=alias):

@@ -68,8 +68,14 @@ class Store:
     # -- claim ---------------------------------------------------------------------------------
 
     def finish_and_claim(
-        self, finished: Sequence[Claimed], token: str, now: int, lease_until: int,
-        queues: Sequence[str] | None, limit: int, probe_first: bool = False,
+        self,
+        finished: Sequence[Claimed],
+        token: str,
+        now: int,
+        lease_until: int,
+        queues: Sequence[str] | None,
+        limit: int,
+        probe_first: bool = False,
     ) -> tuple[set[str], list[Claimed]]:
         """``complete_many(finished)``, then ``claim(...)``; returns (ids deleted, jobs claimed).
 
@@ -85,7 +91,12 @@ class Store:
         return done, self.claim(token, now, lease_until, queues, limit, probe_first)
 
     def claim(
-        self, token: str, now: int, lease_until: int, queues: Sequence[str] | None, limit: int,
+        self,
+        token: str,
+        now: int,
+        lease_until: int,
+        queues: Sequence[str] | None,
+        limit: int,
         probe_first: bool = False,
     ) -> list[Claimed]:
         """Atomically take up to ``limit`` due jobs, in queue order (see BaseBackend.claim)."""
@@ -119,7 +130,12 @@ class Store:
         return self._fenced("DELETE FROM rws_jobs", [], job)
 
     def reschedule(
-        self, job: Claimed, attempts: int, error: str, tb: str | None, next_run_at: int,
+        self,
+        job: Claimed,
+        attempts: int,
+        error: str,
+        tb: str | None,
+        next_run_at: int,
         expired_before: int | None = None,
     ) -> bool:
         return self._fenced(
@@ -131,7 +147,12 @@ class Store:
         )
 
     def move_to_dead_letters(
-        self, job: Claimed, attempts: int, error: str, tb: str | None, now: int,
+        self,
+        job: Claimed,
+        attempts: int,
+        error: str,
+        tb: str | None,
+        now: int,
         expired_before: int | None = None,
     ) -> bool:
         """Move to the dead-letter list; a failed job no longer holds its unique key."""

@@ -66,8 +66,9 @@ def queue_name(value: Any, name: str = "queue name") -> str:
     if "," in value:
         raise ValueError(f"{name} {show(value)} contains a comma; rws_worker --queues could not select it")
     if value != value.strip():
-        raise ValueError(f"{name} {show(value)} starts or ends with whitespace; rws_worker --queues "
-                         "could not select it")
+        raise ValueError(
+            f"{name} {show(value)} starts or ends with whitespace; rws_worker --queues could not select it"
+        )
     if _CONTROL.search(value):
         raise ValueError(f"{name} {show(value)} contains a control character")
     return value
@@ -79,13 +80,16 @@ def queue_list(queues: Any, name: str = "queues") -> list[str] | None:
     if queues is None:
         return None
     if isinstance(queues, (str, bytes, bytearray, dict)):
-        raise TypeError(f"{name} must be a list of queue names, got {type(queues).__name__} {show(queues)}"
-                        + (f"; for one queue write [{show(queues)}]" if isinstance(queues, str) else ""))
+        raise TypeError(
+            f"{name} must be a list of queue names, got {type(queues).__name__} {show(queues)}"
+            + (f"; for one queue write [{show(queues)}]" if isinstance(queues, str) else "")
+        )
     try:
         names = list(queues)
     except TypeError:
-        raise TypeError(f"{name} must be a list of queue names, got {type(queues).__name__} "
-                        f"{show(queues)}") from None
+        raise TypeError(
+            f"{name} must be a list of queue names, got {type(queues).__name__} {show(queues)}"
+        ) from None
     if not names:
         raise ValueError(f"{name} is empty; pass None to take jobs from every queue")
     return [queue_name(q) for q in names]
@@ -101,8 +105,10 @@ def only_known(name: str, value: Any, known: Iterable[str]) -> None:
     """Raise TypeError for each key of ``value`` (a dict) that is not in ``known``."""
     unknown = [key for key in value if key not in known]
     if unknown:
-        raise TypeError(f"unknown {name}{'s' if len(unknown) > 1 else ''} "
-                        f"{', '.join(show(k) for k in unknown)}; the known ones are {', '.join(known)}")
+        raise TypeError(
+            f"unknown {name}{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(show(k) for k in unknown)}; the known ones are {', '.join(known)}"
+        )
 
 
 def due_at(run_at: Any, run_in: Any, now: float) -> int:
@@ -114,8 +120,9 @@ def due_at(run_at: Any, run_in: Any, now: float) -> int:
     if run_in is not None:
         due = math.ceil(now + _delay(run_in))
         if due > INT64_MAX:
-            raise ValueError(f"run_in {show(run_in)} is too far ahead; the limit is "
-                             f"{INT64_MAX - int(now)} seconds")
+            raise ValueError(
+                f"run_in {show(run_in)} is too far ahead; the limit is {INT64_MAX - int(now)} seconds"
+            )
         return due
     return int(now)
 

@@ -10,8 +10,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--all", action="store_true", default=False,
-                     help="also run the tests marked slow (scripts/test and CI pass it)")
+    parser.addoption(
+        "--all",
+        action="store_true",
+        default=False,
+        help="also run the tests marked slow (scripts/test and CI pass it)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -52,7 +56,11 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 def start_worker(*args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "django", "rws_worker", *args],
-        cwd=ROOT, env=env or subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        env=env or subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
         **popen,
     )
 
@@ -61,8 +69,12 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
     """Start ``python -c code`` after django.setup() in a child process."""
     prelude = "import django; django.setup()\n"
     return subprocess.Popen(
-        [sys.executable, "-c", prelude + code], cwd=ROOT, env=env or subprocess_env(),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "-c", prelude + code],
+        cwd=ROOT,
+        env=env or subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 

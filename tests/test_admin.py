@@ -31,10 +31,21 @@ def now() -> int:
     return int(time.time())
 
 
-def make_job(job_id: str, *, status: str = "pending", job_type: str = "test.record", payload: str = "p",
-             queue: str = "default", due: int | None = None, created: int | None = None,
-             failed_at: int | None = None, unique_key: str | None = None, error: str | None = None,
-             locked_until: int | None = None, **extra: object) -> Job:
+def make_job(
+    job_id: str,
+    *,
+    status: str = "pending",
+    job_type: str = "test.record",
+    payload: str = "p",
+    queue: str = "default",
+    due: int | None = None,
+    created: int | None = None,
+    failed_at: int | None = None,
+    unique_key: str | None = None,
+    error: str | None = None,
+    locked_until: int | None = None,
+    **extra: object,
+) -> Job:
     t = now()
     if status == "failed":
         error = error if error is not None else f"ValueError: boom {job_id}"
@@ -42,9 +53,18 @@ def make_job(job_id: str, *, status: str = "pending", job_type: str = "test.reco
         extra.setdefault("attempts", 4)
         failed_at = t - 60 if failed_at is None else failed_at
     return Job.objects.create(
-        id=job_id, job_type=job_type, payload=payload, status=status, queue=queue,
-        next_run_at=t if due is None else due, created_at=t - 10 if created is None else created,
-        failed_at=failed_at, unique_key=unique_key, last_error=error, locked_until=locked_until, **extra,
+        id=job_id,
+        job_type=job_type,
+        payload=payload,
+        status=status,
+        queue=queue,
+        next_run_at=t if due is None else due,
+        created_at=t - 10 if created is None else created,
+        failed_at=failed_at,
+        unique_key=unique_key,
+        last_error=error,
+        locked_until=locked_until,
+        **extra,
     )
 
 
@@ -96,11 +116,23 @@ def delete_post(client: Client, *ids: str, confirm: bool = False, **extra: str):
 # ---- words -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("seconds", "words"), [
-    (0, "0 s"), (45, "45 s"), (90, "2 min"), (179, "3 min"), (3599, "1 h"), (5400, "1 h 30 min"),
-    (7199, "2 h"), (13 * 3600 + 100, "13 h"), (86399, "1 d"), (90000, "1 d 1 h"), (40 * 86400, "40 d"),
-    (3 * 366 * 86400, "3 y"),
-])
+@pytest.mark.parametrize(
+    ("seconds", "words"),
+    [
+        (0, "0 s"),
+        (45, "45 s"),
+        (90, "2 min"),
+        (179, "3 min"),
+        (3599, "1 h"),
+        (5400, "1 h 30 min"),
+        (7199, "2 h"),
+        (13 * 3600 + 100, "13 h"),
+        (86399, "1 d"),
+        (90000, "1 d 1 h"),
+        (40 * 86400, "40 d"),
+        (3 * 366 * 86400, "3 y"),
+    ],
+)
 def test_duration_rounds_to_what_a_reader_needs(seconds, words):
     assert duration(seconds) == words
 
@@ -114,32 +146,35 @@ def test_relative_and_absolute_times():
     assert absolute(2**62) == f"{2**62} (unix seconds)"  # no calendar holds it; the page still renders
 
 
-@pytest.mark.parametrize(("expr", "words"), [
-    ("*/15 * * * * *", "every 15 seconds"),
-    ("* * * * * *", "every second"),
-    ("0 * * * * *", "every minute"),
-    ("0 */5 * * * *", "every 5 minutes"),
-    ("0 0 * * * *", "every hour, on the hour"),
-    ("0 30 * * * *", "every hour at minute 30"),
-    ("0 0,30 * * * *", "every hour at minutes 0 and 30"),
-    ("0 0 */6 * * *", "every 6 hours"),
-    ("0 0 3 * * *", "at 03:00:00 UTC every day"),
-    ("0 0 9,17 * * *", "at 09:00:00 and 17:00:00 UTC every day"),
-    ("0 0 3 * * 1-5", "at 03:00:00 UTC on Monday to Friday"),
-    ("0 0 3 * * mon,fri", "at 03:00:00 UTC on Monday and Friday"),
-    ("0 0 3 1 * *", "at 03:00:00 UTC on day 1 of every month"),
-    ("0 0 3 1 1 *", "at 03:00:00 UTC on 1 January"),
-    ("0 0 0 13 * 5", "at 00:00:00 UTC on day 13 of every month, if it is a Friday"),
-    ("0 */15 9-17 * * 1-5", "every 15 minutes, from 09:00 to 17:59 UTC, on Monday to Friday"),
-    ("*/5 * * * *", "every 5 minutes"),  # five fields: classic cron, second 0
-    ("@daily", "at 00:00:00 UTC every day"),
-    ("@hourly", "every hour, on the hour"),
-    ("@Weekly", "at 00:00:00 UTC on Sunday"),
-    # No short wording: shown as written.
-    ("1-10/2 * * * * *", "1-10/2 * * * * *"),
-    ("0 0 1,2,3,4,5 * * *", "0 0 1,2,3,4,5 * * *"),
-    ("not cron", "not cron"),
-])
+@pytest.mark.parametrize(
+    ("expr", "words"),
+    [
+        ("*/15 * * * * *", "every 15 seconds"),
+        ("* * * * * *", "every second"),
+        ("0 * * * * *", "every minute"),
+        ("0 */5 * * * *", "every 5 minutes"),
+        ("0 0 * * * *", "every hour, on the hour"),
+        ("0 30 * * * *", "every hour at minute 30"),
+        ("0 0,30 * * * *", "every hour at minutes 0 and 30"),
+        ("0 0 */6 * * *", "every 6 hours"),
+        ("0 0 3 * * *", "at 03:00:00 UTC every day"),
+        ("0 0 9,17 * * *", "at 09:00:00 and 17:00:00 UTC every day"),
+        ("0 0 3 * * 1-5", "at 03:00:00 UTC on Monday to Friday"),
+        ("0 0 3 * * mon,fri", "at 03:00:00 UTC on Monday and Friday"),
+        ("0 0 3 1 * *", "at 03:00:00 UTC on day 1 of every month"),
+        ("0 0 3 1 1 *", "at 03:00:00 UTC on 1 January"),
+        ("0 0 0 13 * 5", "at 00:00:00 UTC on day 13 of every month, if it is a Friday"),
+        ("0 */15 9-17 * * 1-5", "every 15 minutes, from 09:00 to 17:59 UTC, on Monday to Friday"),
+        ("*/5 * * * *", "every 5 minutes"),  # five fields: classic cron, second 0
+        ("@daily", "at 00:00:00 UTC every day"),
+        ("@hourly", "every hour, on the hour"),
+        ("@Weekly", "at 00:00:00 UTC on Sunday"),
+        # No short wording: shown as written.
+        ("1-10/2 * * * * *", "1-10/2 * * * * *"),
+        ("0 0 1,2,3,4,5 * * *", "0 0 1,2,3,4,5 * * *"),
+        ("not cron", "not cron"),
+    ],
+)
 def test_describe_cron(expr, words):
     assert describe_cron(expr) == words
 
@@ -256,10 +291,20 @@ def test_jobs_cannot_be_added_changed_or_deleted(admin_client):
 
 
 def test_user_supplied_text_is_escaped_everywhere(admin_client):
-    make_job("x1", status="failed", job_type=XSS, payload=XSS, error=XSS, queue="<b>q</b>", unique_key=XSS,
-             traceback=XSS)
+    make_job(
+        "x1",
+        status="failed",
+        job_type=XSS,
+        payload=XSS,
+        error=XSS,
+        queue="<b>q</b>",
+        unique_key=XSS,
+        traceback=XSS,
+    )
     pages = [
-        admin_client.get(JOBS), admin_client.get(DEAD), admin_client.get(OVERVIEW),
+        admin_client.get(JOBS),
+        admin_client.get(DEAD),
+        admin_client.get(OVERVIEW),
         admin_client.get(reverse("admin:django_rws_jobs_job_change", args=["x1"])),
         admin_client.get(reverse("admin:django_rws_jobs_failedjob_change", args=["x1"])),
         delete_post(admin_client, "x1"),  # the confirmation page lists the job
@@ -322,8 +367,10 @@ def test_retry_skips_a_job_whose_unique_key_is_taken(admin_client):
     response = retry_post(admin_client, "d1", "d2")
     assert messages_of(response) == [
         "Retried 1 dead job; it is due now.",
-        ("Skipped 1 job: a pending or running job of the same type holds its unique key, so retrying it "
-         "would run that work twice: d1."),
+        (
+            "Skipped 1 job: a pending or running job of the same type holds its unique key, so retrying it "
+            "would run that work twice: d1."
+        ),
     ]
     assert Job.objects.get(id="d1").status == "failed"
     assert Job.objects.get(id="d2").status == "pending"
@@ -349,8 +396,10 @@ def test_retry_all_across_pages_is_one_action(admin_client):
         make_job(f"m{i:02d}", status="failed", queue="mailers")
     make_job("other", status="failed", queue="default")
     # "Select all 60" covers the filtered list; the filter travels in the URL, as the page sends it.
-    response = admin_client.post(f"{DEAD}?queue=mailers", {
-        "action": "retry_selected", "index": "0", "select_across": "1", "_selected_action": ["m00"]})
+    response = admin_client.post(
+        f"{DEAD}?queue=mailers",
+        {"action": "retry_selected", "index": "0", "select_across": "1", "_selected_action": ["m00"]},
+    )
     assert messages_of(response) == ["Retried 60 dead jobs; they are due now."]
     assert Job.objects.filter(queue="mailers", status="pending").count() == 60
     assert Job.objects.get(id="other").status == "failed"
@@ -393,16 +442,25 @@ def test_delete_all_across_pages_confirms_without_listing_every_id(admin_client)
     t = now()
     for i in range(60):
         make_job(f"d{i:02d}", status="failed", failed_at=t - 100)
-    response = admin_client.post(DEAD, {"action": "delete_selected", "index": "0", "select_across": "1",
-                                        "_selected_action": ["d00"]})
+    response = admin_client.post(
+        DEAD, {"action": "delete_selected", "index": "0", "select_across": "1", "_selected_action": ["d00"]}
+    )
     page = response.content.decode()
     assert "Are you sure you want to delete 60 dead jobs?" in page and "and 0 more" not in page
     assert page.count('name="_selected_action"') == 1 and 'name="select_across" value="1"' in page
     seen = int(page.split('name="rws_seen_until" value="')[1].split('"')[0])
     make_job("later", status="failed", failed_at=seen + 5)  # failed after the page was shown
-    response = admin_client.post(DEAD, {"action": "delete_selected", "index": "0", "select_across": "1",
-                                        "_selected_action": ["d00"], "post": "yes",
-                                        "rws_seen_until": str(seen)})
+    response = admin_client.post(
+        DEAD,
+        {
+            "action": "delete_selected",
+            "index": "0",
+            "select_across": "1",
+            "_selected_action": ["d00"],
+            "post": "yes",
+            "rws_seen_until": str(seen),
+        },
+    )
     assert messages_of(response) == ["Deleted 60 dead jobs."]
     assert list(Job.objects.values_list("id", flat=True)) == ["later"]
 
@@ -422,7 +480,8 @@ def test_detail_page_retry_button(admin_client):
     assert "Retried 1 dead job" in admin_client.get(DEAD).content.decode()  # shown once, then gone
     response = admin_client.post(retry_url)  # again: nothing left to retry, and it says why
     assert messages_of(response) == [
-        "Skipped 1 job that left the dead-letter list (it was retried meanwhile and is pending): d1."]
+        "Skipped 1 job that left the dead-letter list (it was retried meanwhile and is pending): d1."
+    ]
 
 
 def test_single_dead_job_delete_page(admin_client):
@@ -546,8 +605,12 @@ def test_schedule_rows_delete_only_when_undeclared(admin_client, settings):
     JobSchedule.objects.create(name="gone", next_run_at=now() + 60, cron="0 0 5 * * *")
     detail = admin_client.get(reverse("admin:django_rws_jobs_jobschedule_change", args=["nightly"]))
     assert detail.status_code == 200 and "at 03:00:00 UTC every day" in detail.content.decode()
-    assert admin_client.post(reverse("admin:django_rws_jobs_jobschedule_delete", args=["nightly"]),
-                             {"post": "yes"}).status_code == 403
+    assert (
+        admin_client.post(
+            reverse("admin:django_rws_jobs_jobschedule_delete", args=["nightly"]), {"post": "yes"}
+        ).status_code
+        == 403
+    )
     admin_client.post(reverse("admin:django_rws_jobs_jobschedule_delete", args=["gone"]), {"post": "yes"})
     assert list(JobSchedule.objects.values_list("name", flat=True)) == ["nightly"]
     assert admin_client.get(reverse("admin:django_rws_jobs_jobschedule_add")).status_code == 403

@@ -25,13 +25,24 @@ os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 CHROMIUM = os.environ.get("RWS_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 # Screenshots go to docs/ when asked (RWS_SCREENSHOTS=docs) or when missing there; otherwise to the
 # tests' scratch folder, so a test run does not leave the committed pictures modified.
-SHOTS = DOCS if os.environ.get("RWS_SCREENSHOTS") == "docs" else Path(
-    os.environ.get("RWS_TEST_TMP", Path(__file__).resolve().parent / ".tmp"))
+SHOTS = (
+    DOCS
+    if os.environ.get("RWS_SCREENSHOTS") == "docs"
+    else Path(os.environ.get("RWS_TEST_TMP", Path(__file__).resolve().parent / ".tmp"))
+)
 
 
 def screenshot(page, name: str) -> None:
@@ -39,6 +50,7 @@ def screenshot(page, name: str) -> None:
     target.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(target / name), full_page=True)
     assert (target / name).stat().st_size > 10_000  # a real page, not an empty one
+
 
 sync_api = pytest.importorskip("playwright.sync_api")
 if not shutil.which(CHROMIUM):

@@ -75,16 +75,33 @@ def test_a_schedule_row_with_an_odd_name_opens_and_deletes(admin_client, name):
 @pytest.mark.parametrize("action", ["retry_selected", "delete_selected"])
 def test_a_bad_seen_until_is_a_400(admin_client, seen, action):
     make_job("d1", status="failed")
-    response = admin_client.post(DEAD, {"action": action, "index": "0", "select_across": "1",
-                                        "_selected_action": ["d1"], "rws_seen_until": seen, "post": "yes"})
+    response = admin_client.post(
+        DEAD,
+        {
+            "action": action,
+            "index": "0",
+            "select_across": "1",
+            "_selected_action": ["d1"],
+            "rws_seen_until": seen,
+            "post": "yes",
+        },
+    )
     assert response.status_code == 400
     assert Job.objects.get(pk="d1").status == "failed"
 
 
 def test_the_largest_seen_until_is_accepted(admin_client):
     make_job("d1", status="failed")
-    response = admin_client.post(DEAD, {"action": "retry_selected", "index": "0", "select_across": "1",
-                                        "_selected_action": ["d1"], "rws_seen_until": str(2**63 - 1)})
+    response = admin_client.post(
+        DEAD,
+        {
+            "action": "retry_selected",
+            "index": "0",
+            "select_across": "1",
+            "_selected_action": ["d1"],
+            "rws_seen_until": str(2**63 - 1),
+        },
+    )
     assert messages_of(response) == ["Retried 1 dead job; it is due now."]
 
 
@@ -115,10 +132,39 @@ def test_a_nul_anywhere_is_a_400_on_every_database(admin_client, method, url, da
     assert Job.objects.get(pk="d1").status == "failed"
 
 
-ODD_VALUES = ["", " ", "-1", "9" * 40, "²", "١", "1e999", "nan", "\ud800".encode("utf-8", "surrogatepass").decode(
-    "utf-8", "replace"), "'; DROP TABLE rws_jobs; --", "%", "_", "a" * 5000, "☃", "0" * 30 + "1"]
-PARAMS = ["q", "o", "p", "e", "queue", "job_type", "status__exact", "due", "id", "name", "all", "_to_field",
-          "next_run_at__gte", "created_at__lt"]
+ODD_VALUES = [
+    "",
+    " ",
+    "-1",
+    "9" * 40,
+    "²",
+    "١",
+    "1e999",
+    "nan",
+    "\ud800".encode("utf-8", "surrogatepass").decode("utf-8", "replace"),
+    "'; DROP TABLE rws_jobs; --",
+    "%",
+    "_",
+    "a" * 5000,
+    "☃",
+    "0" * 30 + "1",
+]
+PARAMS = [
+    "q",
+    "o",
+    "p",
+    "e",
+    "queue",
+    "job_type",
+    "status__exact",
+    "due",
+    "id",
+    "name",
+    "all",
+    "_to_field",
+    "next_run_at__gte",
+    "created_at__lt",
+]
 
 
 def test_no_odd_parameter_is_a_500(admin_client):
@@ -133,10 +179,12 @@ def test_no_odd_parameter_is_a_500(admin_client):
                 if status >= 500:
                     failures.append((url, param, value[:20], status))
     for value in ODD_VALUES:
-        for data in ({"action": "retry_selected", "index": value, "_selected_action": ["d1"]},
-                     {"action": value, "index": "0", "_selected_action": ["d1", value]},
-                     {"action": "delete_selected", "index": "0", "_selected_action": [value]},
-                     {"action": "delete_selected", "post": "yes", "select_across": value, "_selected_action": ["x"]}):
+        for data in (
+            {"action": "retry_selected", "index": value, "_selected_action": ["d1"]},
+            {"action": value, "index": "0", "_selected_action": ["d1", value]},
+            {"action": "delete_selected", "index": "0", "_selected_action": [value]},
+            {"action": "delete_selected", "post": "yes", "select_across": value, "_selected_action": ["x"]},
+        ):
             status = admin_client.post(DEAD, data).status_code
             if status >= 500:
                 failures.append(("POST", data, status))
@@ -157,13 +205,20 @@ def test_retry_many_keeps_retry_semantics():
     # A seed writer leaves the key's hash on a failed row: the row holds its own key.
     make_job("seeded", status="failed", unique_key="k4", unique_hash=api.unique_hash("test.record", "k4"))
     make_job("alive")
-    retried, blocked = api.retry_many(["plain", "keyed", "held", "twin1", "twin2", "seeded", "alive", "nope"],
-                                      now=t + 7)
+    retried, blocked = api.retry_many(
+        ["plain", "keyed", "held", "twin1", "twin2", "seeded", "alive", "nope"], now=t + 7
+    )
     assert sorted(retried) == ["keyed", "plain", "seeded", "twin1"]
     assert sorted(blocked) == ["held", "twin2"]
     for job in Job.objects.filter(pk__in=retried):
-        assert (job.status, job.attempts, job.next_run_at, job.failed_at, job.locked_by, job.locked_until) == (
-            "pending", 0, t + 7, None, None, None)
+        assert (
+            job.status,
+            job.attempts,
+            job.next_run_at,
+            job.failed_at,
+            job.locked_by,
+            job.locked_until,
+        ) == ("pending", 0, t + 7, None, None, None)
         expected = api.unique_hash(job.job_type, job.unique_key) if job.unique_key else None
         assert job.unique_hash == expected
     assert Job.objects.get(pk="held").status == "failed" and Job.objects.get(pk="twin2").status == "failed"
@@ -180,11 +235,23 @@ def _retry_all_queries(admin_client, n: int) -> int:
     Job.objects.all().delete()
     LogEntry.objects.all().delete()
     t = now()
-    Job.objects.bulk_create(Job(id=f"d{i:04d}", job_type="test.record", status="failed", next_run_at=t, created_at=t,
-                                failed_at=t, unique_key=f"k{i}" if i % 3 == 0 else None) for i in range(n))
+    Job.objects.bulk_create(
+        Job(
+            id=f"d{i:04d}",
+            job_type="test.record",
+            status="failed",
+            next_run_at=t,
+            created_at=t,
+            failed_at=t,
+            unique_key=f"k{i}" if i % 3 == 0 else None,
+        )
+        for i in range(n)
+    )
     with CaptureQueriesContext(connection) as ctx:
-        response = admin_client.post(DEAD, {"action": "retry_selected", "index": "0", "select_across": "1",
-                                            "_selected_action": ["d0000"]})
+        response = admin_client.post(
+            DEAD,
+            {"action": "retry_selected", "index": "0", "select_across": "1", "_selected_action": ["d0000"]},
+        )
     assert messages_of(response)[-1] == f"Retried {n} dead jobs; they are due now."
     assert Job.objects.filter(status="pending").count() == n
     return len(ctx.captured_queries)
@@ -202,8 +269,10 @@ def test_retry_all_takes_a_bounded_number_of_queries(admin_client):
 # ---- the pages' cost on a big table (the figures: scripts/bench admin) ------------------------
 
 
-@pytest.mark.parametrize("query", ["", "status__exact=pending", "due=now", "due=lease_expired", "queue=mail",
-                                   "job_type=test.record"])
+@pytest.mark.parametrize(
+    "query",
+    ["", "status__exact=pending", "due=now", "due=lease_expired", "queue=mail", "job_type=test.record"],
+)
 def test_the_jobs_list_reads_no_more_rows_than_it_shows(admin_client, query):
     """No SELECT DISTINCT for the filters, a count that stops at the cap, and the due index's
     order: each read a page's worth of a million-row table, not all of it."""
@@ -272,8 +341,11 @@ def test_the_overview_reads_no_whole_range(admin_client, monkeypatch):
     jobs_sql = [re.sub(r'["`]', "", q["sql"]).upper() for q in ctx.captured_queries if "rws_jobs" in q["sql"]]
     leases = [sql for sql in jobs_sql if "LOCKED_UNTIL" in sql]
     assert len(leases) == 1 and "STATUS = " in leases[0]
-    assert all("LIMIT" in sql and "STATUS = " in sql and "GROUP BY" not in sql
-               for sql in jobs_sql if sql not in leases)
+    assert all(
+        "LIMIT" in sql and "STATUS = " in sql and "GROUP BY" not in sql
+        for sql in jobs_sql
+        if sql not in leases
+    )
 
 
 def test_the_dead_letter_list_walks_the_due_index(admin_client):
@@ -282,8 +354,11 @@ def test_the_dead_letter_list_walks_the_due_index(admin_client):
     make_job("d1", status="failed")
     with CaptureQueriesContext(connection) as ctx:
         assert admin_client.get(f"{DEAD}?job_type=test.record").status_code == 200
-    page = [re.sub(r'["`]', "", q["sql"]) for q in ctx.captured_queries
-            if "rws_jobs" in q["sql"] and "COUNT(" not in q["sql"].upper()]
+    page = [
+        re.sub(r'["`]', "", q["sql"])
+        for q in ctx.captured_queries
+        if "rws_jobs" in q["sql"] and "COUNT(" not in q["sql"].upper()
+    ]
     assert len(page) == 1
     order = page[0].split("ORDER BY")[1].split("LIMIT")[0].split(",")
     order = [term.strip().removeprefix("rws_jobs.") for term in order]
@@ -299,11 +374,21 @@ def test_a_big_action_logs_one_entry(admin_client, action):
     from django_rws_jobs.admin.dead import LOG_EACH
 
     t = now()
-    Job.objects.bulk_create(Job(id=f"d{i:04d}", job_type="test.record", status="failed", next_run_at=t,
-                                created_at=t, failed_at=t - 5) for i in range(LOG_EACH + 1))
+    Job.objects.bulk_create(
+        Job(
+            id=f"d{i:04d}",
+            job_type="test.record",
+            status="failed",
+            next_run_at=t,
+            created_at=t,
+            failed_at=t - 5,
+        )
+        for i in range(LOG_EACH + 1)
+    )
     extra = {"post": "yes", "rws_seen_until": str(t)} if action == "delete_selected" else {}
-    admin_client.post(DEAD, {"action": action, "index": "0", "select_across": "1",
-                             "_selected_action": ["d0000"], **extra})
+    admin_client.post(
+        DEAD, {"action": action, "index": "0", "select_across": "1", "_selected_action": ["d0000"], **extra}
+    )
     assert not Job.objects.filter(status="failed").exists()
     entry = LogEntry.objects.get()
     verb = "Retried" if action == "retry_selected" else "Deleted"

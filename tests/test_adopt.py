@@ -17,29 +17,42 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # migr
 VENDOR = connection.vendor
 
 # rust-web-server 18.36's ensure_tables(), verbatim.
-RUST_JOBS = ("CREATE TABLE IF NOT EXISTS rws_jobs "
-             "(id VARCHAR(64) PRIMARY KEY, job_type TEXT NOT NULL, payload TEXT NOT NULL, "
-             "status VARCHAR(16) NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, "
-             "max_retries INTEGER NOT NULL DEFAULT 3, next_run_at BIGINT NOT NULL, "
-             "created_at BIGINT NOT NULL, last_error TEXT, "
-             "queue VARCHAR(64) NOT NULL DEFAULT 'default', priority BIGINT NOT NULL DEFAULT 0, "
-             "unique_key VARCHAR(191))")
-RUST_UPGRADE = [("queue", "VARCHAR(64) NOT NULL DEFAULT 'default'"),
-                ("priority", "BIGINT NOT NULL DEFAULT 0"), ("unique_key", "VARCHAR(191)")]
-RUST_SCHEDULES = ("CREATE TABLE IF NOT EXISTS rws_job_schedules "
-                  "(name VARCHAR(191) PRIMARY KEY, next_run_at BIGINT NOT NULL)")
+RUST_JOBS = (
+    "CREATE TABLE IF NOT EXISTS rws_jobs "
+    "(id VARCHAR(64) PRIMARY KEY, job_type TEXT NOT NULL, payload TEXT NOT NULL, "
+    "status VARCHAR(16) NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, "
+    "max_retries INTEGER NOT NULL DEFAULT 3, next_run_at BIGINT NOT NULL, "
+    "created_at BIGINT NOT NULL, last_error TEXT, "
+    "queue VARCHAR(64) NOT NULL DEFAULT 'default', priority BIGINT NOT NULL DEFAULT 0, "
+    "unique_key VARCHAR(191))"
+)
+RUST_UPGRADE = [
+    ("queue", "VARCHAR(64) NOT NULL DEFAULT 'default'"),
+    ("priority", "BIGINT NOT NULL DEFAULT 0"),
+    ("unique_key", "VARCHAR(191)"),
+]
+RUST_SCHEDULES = (
+    "CREATE TABLE IF NOT EXISTS rws_job_schedules "
+    "(name VARCHAR(191) PRIMARY KEY, next_run_at BIGINT NOT NULL)"
+)
 # Before 18.35: the same table without queue, priority and unique_key.
 RUST_JOBS_9 = RUST_JOBS.split(", queue VARCHAR")[0] + ")"
 # The form the 18.35 docs show (SQLite's types; on PostgreSQL INTEGER is 32 bits).
-RUST_JOBS_DOC = ("CREATE TABLE IF NOT EXISTS rws_jobs (id TEXT PRIMARY KEY, job_type TEXT NOT NULL, "
-                 "payload TEXT NOT NULL DEFAULT '', status TEXT NOT NULL DEFAULT 'pending', "
-                 "attempts INTEGER NOT NULL DEFAULT 0, max_retries INTEGER NOT NULL DEFAULT 3, "
-                 "next_run_at INTEGER NOT NULL, created_at INTEGER NOT NULL, last_error TEXT)")
-SEED_INSERT_9 = ("INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
-                 "created_at, last_error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)")
-SEED_INSERT = ("INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
-               "created_at, queue, priority, unique_key) "
-               "VALUES (%s, %s, %s, 'pending', 0, %s, %s, %s, %s, %s, %s)")
+RUST_JOBS_DOC = (
+    "CREATE TABLE IF NOT EXISTS rws_jobs (id TEXT PRIMARY KEY, job_type TEXT NOT NULL, "
+    "payload TEXT NOT NULL DEFAULT '', status TEXT NOT NULL DEFAULT 'pending', "
+    "attempts INTEGER NOT NULL DEFAULT 0, max_retries INTEGER NOT NULL DEFAULT 3, "
+    "next_run_at INTEGER NOT NULL, created_at INTEGER NOT NULL, last_error TEXT)"
+)
+SEED_INSERT_9 = (
+    "INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
+    "created_at, last_error) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+SEED_INSERT = (
+    "INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
+    "created_at, queue, priority, unique_key) "
+    "VALUES (%s, %s, %s, 'pending', 0, %s, %s, %s, %s, %s, %s)"
+)
 
 FORMS = {
     "v18_36": RUST_JOBS,
@@ -52,8 +65,11 @@ class Database:
     """A database of its own for one test, reached from here and from child processes."""
 
     def __init__(self, form: str):
-        self.name = (str(TMP / f"adopt-{os.getpid()}-{form}.sqlite3") if VENDOR == "sqlite"
-                     else f"rws_adopt_{os.getpid()}_{form}")
+        self.name = (
+            str(TMP / f"adopt-{os.getpid()}-{form}.sqlite3")
+            if VENDOR == "sqlite"
+            else f"rws_adopt_{os.getpid()}_{form}"
+        )
         self._drop()
         if VENDOR != "sqlite":
             # With the server's default collation (utf8mb4_general_ci on MariaDB), as the crate's is.
@@ -91,8 +107,15 @@ class Database:
         return subprocess_env(RWS_TEST_DB_NAME=self.name)
 
     def manage(self, *args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "django", *args], cwd=ROOT, env=self.env(),
-                              capture_output=True, text=True, timeout=300, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "django", *args],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         return done.stdout
 
@@ -140,13 +163,31 @@ def test_migrate_adopts_a_table_rust_created_and_keeps_every_row(rust_db, form):
 
     db.manage("migrate", "--run-syncdb", "-v0")  # (the test app has no migrations)
 
-    got = {r[0]: r[1:] for r in db.execute(
-        "SELECT id, job_type, payload, status, attempts, max_retries, next_run_at, created_at, last_error, "
-        "queue, priority, unique_key, unique_hash, locked_by FROM rws_jobs")}
+    got = {
+        r[0]: r[1:]
+        for r in db.execute(
+            "SELECT id, job_type, payload, status, attempts, max_retries, next_run_at, created_at, "
+            "last_error, "
+            "queue, priority, unique_key, unique_hash, locked_by FROM rws_jobs"
+        )
+    }
     expected = {row[0]: (*row[1:], "default", 0, None, None, None) for row in rows}
     if form == "v18_36":
-        expected["r-urgent"] = ("test.record", "urgent", "pending", 0, 3, now - 1, now - 1, None, "mail", 7,
-                                "k-1", None, None)
+        expected["r-urgent"] = (
+            "test.record",
+            "urgent",
+            "pending",
+            0,
+            3,
+            now - 1,
+            now - 1,
+            None,
+            "mail",
+            7,
+            "k-1",
+            None,
+            None,
+        )
     assert got == expected
     schedules = db.execute("SELECT name, next_run_at, cron FROM rws_job_schedules")
     assert schedules == [("nightly", now + 60, None)]
@@ -156,8 +197,13 @@ def test_migrate_adopts_a_table_rust_created_and_keeps_every_row(rust_db, form):
         assert name in constraints
     assert "rws_jobs_lease_idx" not in constraints
     # Ids, job types, queues and schedule names compare exactly (MariaDB: migration 0007).
-    assert db.execute("SELECT id FROM rws_jobs WHERE id = 'R-DUE' OR job_type = 'Test.Record' "
-                      "OR queue IN ('DEFAULT', 'default ')") == []
+    assert (
+        db.execute(
+            "SELECT id FROM rws_jobs WHERE id = 'R-DUE' OR job_type = 'Test.Record' "
+            "OR queue IN ('DEFAULT', 'default ')"
+        )
+        == []
+    )
     assert db.execute("SELECT name FROM rws_job_schedules WHERE name = 'NIGHTLY'") == []
     # Our columns are 64-bit wherever the model says so, whatever Rust created (INTEGER on PostgreSQL
     # is 32 bits): a job due after 2038 fits.
@@ -182,11 +228,20 @@ def test_migrate_adopts_a_table_rust_created_and_keeps_every_row(rust_db, form):
 
 def test_a_table_with_columns_we_do_not_know_is_not_adopted(rust_db):
     db = rust_db("alien")
-    db.execute("CREATE TABLE rws_jobs (id VARCHAR(64) PRIMARY KEY, job_type TEXT NOT NULL, "
-               "payload TEXT NOT NULL, colour VARCHAR(10))")
+    db.execute(
+        "CREATE TABLE rws_jobs (id VARCHAR(64) PRIMARY KEY, job_type TEXT NOT NULL, "
+        "payload TEXT NOT NULL, colour VARCHAR(10))"
+    )
     db.execute("INSERT INTO rws_jobs (id, job_type, payload, colour) VALUES ('a', 'x', '', 'red')")
-    done = subprocess.run([sys.executable, "-m", "django", "migrate", "-v0"], cwd=ROOT, env=db.env(),
-                          capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "-v0"],
+        cwd=ROOT,
+        env=db.env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode != 0
     assert "cannot adopt table 'rws_jobs'" in done.stderr and "colour" in done.stderr
     assert db.execute("SELECT id, colour FROM rws_jobs") == [("a", "red")]

@@ -61,11 +61,23 @@ def test_each_bad_setting_has_its_own_id(key, value, check_id):
 
 def test_the_bounds_are_inclusive_and_named_in_the_message():
     year = 365 * 86400
-    assert ids(MAX_RETRIES=2**31 - 1, BACKOFF_INITIAL=year, BACKOFF_MULTIPLIER=1000, BACKOFF_MAX=year,
-               POLL_INTERVAL=3600, LEASE_SECONDS=7 * 86400, SHUTDOWN_TIMEOUT=86400,
-               RECOVERY_INTERVAL=86400) == []
-    assert ids(BACKOFF_INITIAL=0, BACKOFF_MULTIPLIER=1, POLL_INTERVAL=0.001, LEASE_SECONDS=2,
-               SHUTDOWN_TIMEOUT=0) == []
+    assert (
+        ids(
+            MAX_RETRIES=2**31 - 1,
+            BACKOFF_INITIAL=year,
+            BACKOFF_MULTIPLIER=1000,
+            BACKOFF_MAX=year,
+            POLL_INTERVAL=3600,
+            LEASE_SECONDS=7 * 86400,
+            SHUTDOWN_TIMEOUT=86400,
+            RECOVERY_INTERVAL=86400,
+        )
+        == []
+    )
+    assert (
+        ids(BACKOFF_INITIAL=0, BACKOFF_MULTIPLIER=1, POLL_INTERVAL=0.001, LEASE_SECONDS=2, SHUTDOWN_TIMEOUT=0)
+        == []
+    )
     with override_settings(RWS_JOBS={"LEASE_SECONDS": 7 * 86400 + 1, "POLL_INTERVAL": math.nan}):
         assert [m.msg for m in check_settings()] == [
             "RWS_JOBS['POLL_INTERVAL'] is nan; it must be a number of seconds in (0, 3600]",
@@ -75,9 +87,11 @@ def test_the_bounds_are_inclusive_and_named_in_the_message():
 
 def test_unknown_keys_of_any_type_warn():
     with override_settings(RWS_JOBS={1: 2, "X": 3, None: 4}):
-        assert [m.msg for m in check_settings()] == ["RWS_JOBS has an unknown key 'X'",
-                                                     "RWS_JOBS has an unknown key 1",
-                                                     "RWS_JOBS has an unknown key None"]
+        assert [m.msg for m in check_settings()] == [
+            "RWS_JOBS has an unknown key 'X'",
+            "RWS_JOBS has an unknown key 1",
+            "RWS_JOBS has an unknown key None",
+        ]
 
 
 def test_unknown_key_warns_and_non_dict_errors():

@@ -41,13 +41,7 @@ def test_many_processes_enqueueing_one_unique_key_make_one_row():
 def test_processes_ticking_run_each_job_exactly_once():
     for i in range(300):
         rws.enqueue("test.record", str(i))
-    code = (
-        "from django_rws_jobs import tick\n"
-        "n = 0\n"
-        "while tick():\n"
-        "    n += 1\n"
-        "print('RAN', n)\n"
-    )
+    code = "from django_rws_jobs import tick\nn = 0\nwhile tick():\n    n += 1\nprint('RAN', n)\n"
     outputs = start_together(code, 4)
     ran = [int(line.split()[1]) for out in outputs for line in out.splitlines() if line.startswith("RAN")]
     counts = Counter(Run.objects.values_list("payload", flat=True))

@@ -17,9 +17,12 @@ import pytest
 
 from tests.conftest import ROOT, subprocess_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="restarts a private PostgreSQL server"
-)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="restarts a private PostgreSQL server"
+    ),
+]
 
 PORT = "54329"
 
@@ -41,34 +44,52 @@ def private_pg():
     if os.geteuid() == 0:
         shutil.chown(datadir, "postgres", "postgres")
     ctl = _pg_bin("pg_ctl")
-    subprocess.run(_as_postgres(_pg_bin("initdb"), "-D", datadir, "-A", "trust", "-U", "postgres"),
-                   check=True, capture_output=True)
+    subprocess.run(
+        _as_postgres(_pg_bin("initdb"), "-D", datadir, "-A", "trust", "-U", "postgres"),
+        check=True,
+        capture_output=True,
+    )
     opts = f"-p {PORT} -k {datadir} -c listen_addresses=127.0.0.1 -c fsync=off"
     start = _as_postgres(ctl, "-D", datadir, "-o", opts, "-l", f"{datadir}/log", "-w", "start")
     subprocess.run(start, check=True, capture_output=True)
     try:
-        subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres",
-                        "-c", "CREATE DATABASE rws_restart"], check=True, capture_output=True)
-        yield {"restart": lambda: subprocess.run(
-            _as_postgres(ctl, "-D", datadir, "-o", opts, "-l", f"{datadir}/log", "-m", "fast", "-w",
-                         "restart"),
-            check=True, capture_output=True)}
+        subprocess.run(
+            ["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-c", "CREATE DATABASE rws_restart"],
+            check=True,
+            capture_output=True,
+        )
+        yield {
+            "restart": lambda: subprocess.run(
+                _as_postgres(
+                    ctl, "-D", datadir, "-o", opts, "-l", f"{datadir}/log", "-m", "fast", "-w", "restart"
+                ),
+                check=True,
+                capture_output=True,
+            )
+        }
     finally:
         subprocess.run(_as_postgres(ctl, "-D", datadir, "-m", "immediate", "stop"), capture_output=True)
         shutil.rmtree(datadir, ignore_errors=True)
 
 
 def _psql(sql: str) -> str:
-    out = subprocess.run(["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-d", "rws_restart",
-                          "-Atc", sql], capture_output=True, text=True)
+    out = subprocess.run(
+        ["psql", "-h", "127.0.0.1", "-p", PORT, "-U", "postgres", "-d", "rws_restart", "-Atc", sql],
+        capture_output=True,
+        text=True,
+    )
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
 def test_worker_carries_on_after_postgres_restarts(private_pg, tmp_path):
-    env = subprocess_env(PGPORT=PORT, RWS_TEST_DB_NAME="rws_restart",
-                         RWS_TEST_JOBS='{"LEASE_SECONDS": 5, "RECOVERY_INTERVAL": 1}')
-    subprocess.run([sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v0"], cwd=ROOT, env=env,
-                   check=True)
+    env = subprocess_env(
+        PGPORT=PORT,
+        RWS_TEST_DB_NAME="rws_restart",
+        RWS_TEST_JOBS='{"LEASE_SECONDS": 5, "RECOVERY_INTERVAL": 1}',
+    )
+    subprocess.run(
+        [sys.executable, "-m", "django", "migrate", "--run-syncdb", "-v0"], cwd=ROOT, env=env, check=True
+    )
     n = 300
     code = (
         "import django; django.setup()\n"
@@ -77,8 +98,13 @@ def test_worker_carries_on_after_postgres_restarts(private_pg, tmp_path):
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True)
     log = tmp_path / "worker.log"
-    worker = subprocess.Popen([sys.executable, "-m", "django", "rws_worker", "--workers", "2"], cwd=ROOT,
-                              env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "django", "rws_worker", "--workers", "2"],
+        cwd=ROOT,
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and int(_psql("SELECT count(*) FROM testapp_run") or 0) < 20:

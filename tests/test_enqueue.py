@@ -27,8 +27,9 @@ def test_defaults():
 
 def test_options_are_stored():
     run_at = timezone.now() + dt.timedelta(hours=1)
-    job = Job.objects.get(id=rws.enqueue("x.y", "p", queue="mailers", priority=-7, run_at=run_at,
-                                         unique="k", max_retries=5))
+    job = Job.objects.get(
+        id=rws.enqueue("x.y", "p", queue="mailers", priority=-7, run_at=run_at, unique="k", max_retries=5)
+    )
     assert (job.queue, job.priority, job.max_retries, job.unique_key) == ("mailers", -7, 5, "k")
     assert job.next_run_at == math.ceil(run_at.timestamp())
 
@@ -250,7 +251,6 @@ def test_ids_are_unique_time_ordered_and_fit_the_column():
     assert all(len(i) <= 64 for i in ids)
 
 
-
 # -- enqueue_many -----------------------------------------------------------------------------
 
 
@@ -267,8 +267,17 @@ def test_enqueue_many_stores_all_in_order_with_options():
 
 
 def test_enqueue_many_stores_any_text_exactly():
-    texts = ["it's", 'say "hi"', "back\\slash \\'", "100% %s %(x)s", "naïve ☃ 𝄞", "new\nline\ttab\r", "",
-             "'); DELETE FROM rws_jobs; --", "\x1a\b"]
+    texts = [
+        "it's",
+        'say "hi"',
+        "back\\slash \\'",
+        "100% %s %(x)s",
+        "naïve ☃ 𝄞",
+        "new\nline\ttab\r",
+        "",
+        "'); DELETE FROM rws_jobs; --",
+        "\x1a\b",
+    ]
     items = [{"job_type": f"t'{i}", "payload": t, "queue": "q\\'"} for i, t in enumerate(texts)]
     ids = rws.enqueue_many(items * 2)  # each value twice: quoted once, used twice (MySQL)
     stored = {j.id: (j.job_type, j.payload, j.queue) for j in Job.objects.all()}
@@ -276,7 +285,8 @@ def test_enqueue_many_stores_any_text_exactly():
 
 
 def test_enqueue_many_error_in_a_later_batch_rolls_back_the_call_and_leaves_the_connection_usable(
-        monkeypatch):
+    monkeypatch,
+):
     """The MySQL path sends each batch before building the next; a batch the database refuses
     must surface as Django's IntegrityError, leave nothing of the call, and leave the connection
     in step for the next statement. (PostgreSQL's COPY must raise Django's error too.)"""
@@ -318,7 +328,8 @@ def test_enqueue_many_statements_are_seen_by_execute_wrappers_and_the_query_log(
         second = rws.enqueue_many([("x", str(i)) for i in range(25)], batch_size=10)
     assert sum(q["sql"].startswith("INSERT INTO rws_jobs") for q in captured.captured_queries) == 3
     assert sorted(Job.objects.filter(id__in=first + second).values_list("payload", flat=True)) == sorted(
-        [str(i) for i in range(25)] * 2)
+        [str(i) for i in range(25)] * 2
+    )
 
 
 @pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB's max_allowed_packet")
@@ -409,8 +420,14 @@ def test_enqueue_many_names_the_bad_item_and_stores_nothing():
 
 def test_enqueue_many_keeps_unique_semantics_and_the_callers_transaction():
     held = rws.enqueue("u", unique="k1")
-    ids = rws.enqueue_many([{"job_type": "u", "unique": "k1"}, {"job_type": "u", "unique": "k2"},
-                            {"job_type": "u", "unique": "k2"}, "plain"])
+    ids = rws.enqueue_many(
+        [
+            {"job_type": "u", "unique": "k1"},
+            {"job_type": "u", "unique": "k2"},
+            {"job_type": "u", "unique": "k2"},
+            "plain",
+        ]
+    )
     assert ids[0] == held and ids[1] == ids[2] != held
     assert Job.objects.count() == 3
     with pytest.raises(RuntimeError):
@@ -420,8 +437,10 @@ def test_enqueue_many_keeps_unique_semantics_and_the_callers_transaction():
     assert Job.objects.count() == 3
 
 
-@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has one writer: an open write transaction "
-                    "blocks every other writer anyway")
+@pytest.mark.skipif(
+    connection.vendor == "sqlite",
+    reason="SQLite has one writer: an open write transaction blocks every other writer anyway",
+)
 def test_a_duplicate_unique_enqueue_does_not_lock_the_holder():
     # A caller whose transaction found the key taken must not keep the holder from being claimed.
     import time as _time

@@ -88,9 +88,11 @@ def test_the_database_default_is_the_servers_and_the_columns_are_binary_no_pad()
     with connection.cursor() as c:
         c.execute("SELECT @@collation_database, @@collation_server")
         database, server = c.fetchone()
-        c.execute("SELECT table_name, column_name, collation_name FROM information_schema.columns "
-                  "WHERE table_schema = DATABASE() AND table_name IN ('rws_jobs', 'rws_job_schedules') "
-                  "AND collation_name IS NOT NULL")
+        c.execute(
+            "SELECT table_name, column_name, collation_name FROM information_schema.columns "
+            "WHERE table_schema = DATABASE() AND table_name IN ('rws_jobs', 'rws_job_schedules') "
+            "AND collation_name IS NOT NULL"
+        )
         collations = {(t, col): coll for t, col, coll in c.fetchall()}
         c.execute("SELECT 'a ' = 'a' COLLATE utf8mb4_nopad_bin, 'a ' = 'a' COLLATE utf8mb4_bin")
         nopad, padded = c.fetchone()

@@ -53,10 +53,16 @@ def fill(future: int, due: int) -> int:
             elif connection.vendor == "mysql":
                 c.execute(cols + select.format(seq=f"(SELECT seq AS x FROM seq_1_to_{n}) AS s"))
             else:
-                c.execute(f"WITH RECURSIVE s(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM s WHERE x < {n}) "
-                          + cols + select.format(seq="s").replace("CONCAT('f', x)", "'f' || x")
-                          .replace("CONCAT('d', x)", "'d' || x").replace("MOD(x, 5000)", "x % 5000")
-                          .replace("MOD(x, 3)", "x % 3").replace("MOD(x, 7)", "x % 7"))
+                c.execute(
+                    f"WITH RECURSIVE s(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM s WHERE x < {n}) "
+                    + cols
+                    + select.format(seq="s")
+                    .replace("CONCAT('f', x)", "'f' || x")
+                    .replace("CONCAT('d', x)", "'d' || x")
+                    .replace("MOD(x, 5000)", "x % 5000")
+                    .replace("MOD(x, 3)", "x % 3")
+                    .replace("MOD(x, 7)", "x % 7")
+                )
         c.execute("SELECT COUNT(*) FROM rws_jobs")
         assert c.fetchone()[0] == future + due
     analyze()
@@ -90,8 +96,9 @@ def generic_plan(sql: str, params: list) -> str:
         with conn.cursor() as c:
             c.execute("SET plan_cache_mode TO force_generic_plan")
             c.execute(f"PREPARE rws_claim AS {text}")
-            literals = ", ".join(str(v) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'"
-                                 for v in params)
+            literals = ", ".join(
+                str(v) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'" for v in params
+            )
             c.execute(f"EXPLAIN EXECUTE rws_claim({literals})")
             return "\n".join(r[0] for r in c.fetchall())
     finally:
@@ -175,8 +182,11 @@ def test_a_one_queue_claim_reads_only_its_queue_with_a_million_rows_in_another()
     now = fill(FUTURE_ROWS, 5000)
     with connection.cursor() as c:
         for i in range(10):  # a few of its own, so that no planner answers from nothing
-            c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at, queue, priority) "
-                      "VALUES (%s, 't', %s, %s, 'mailers', %s)", [f"m{i}", now - 5 + i, now - 5, i % 2])
+            c.execute(
+                "INSERT INTO rws_jobs (id, job_type, next_run_at, created_at, queue, priority) "
+                "VALUES (%s, 't', %s, %s, 'mailers', %s)",
+                [f"m{i}", now - 5 + i, now - 5, i % 2],
+            )
     analyze()
     for queues in (["mailers"], ["default"]):
         other = queues == ["mailers"]
@@ -187,8 +197,10 @@ def test_a_one_queue_claim_reads_only_its_queue_with_a_million_rows_in_another()
             if other:
                 assert uses(text, "rws_jobs_queue_idx"), text
                 assert not uses(text, "rws_jobs_claim_idx") and not uses(text, "rws_jobs_due_idx"), text
-        for sql in (ops().due_band_select(queues, None, now),  # the idle poll's band walk
-                    ops().top_priority_select(queues, None)):
+        for sql in (
+            ops().due_band_select(queues, None, now),  # the idle poll's band walk
+            ops().top_priority_select(queues, None),
+        ):
             text = plan(*sql)
             assert "Seq Scan" not in text and "SCAN rws_jobs\n" not in text + "\n", text
             assert "Hash" not in text and not uses(text, "rws_jobs_due_idx"), text
@@ -230,9 +242,11 @@ def test_lease_statements_read_only_running_rows_with_a_million_future_rows():
     now = fill(FUTURE_ROWS, 0)
     with connection.cursor() as c:
         for i in range(20):
-            c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at, status, locked_by, "
-                      "locked_until) VALUES (%s, 't', %s, %s, 'running', %s, %s)",
-                      [f"r{i}", now - 60, now - 60, f"w#{i % 3}", now + (60 if i % 2 else -5)])
+            c.execute(
+                "INSERT INTO rws_jobs (id, job_type, next_run_at, created_at, status, locked_by, "
+                "locked_until) VALUES (%s, 't', %s, %s, 'running', %s, %s)",
+                [f"r{i}", now - 60, now - 60, f"w#{i % 3}", now + (60 if i % 2 else -5)],
+            )
     analyze()
     statements = []
 
@@ -267,8 +281,9 @@ def test_lease_statements_read_only_running_rows_with_a_million_future_rows():
         assert any("Index Cond" in line and "status" in line for line in text.splitlines()), text
 
 
-@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres",
-                    reason="PostgreSQL prepared statements")
+@pytest.mark.skipif(
+    os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL prepared statements"
+)
 @pytest.mark.parametrize("rows", [0, 10])
 def test_prepared_claims_are_index_ranges_on_a_small_table(rows):
     # A worker that starts on an empty queue prepares its claim then: the plan must still be the
@@ -277,8 +292,9 @@ def test_prepared_claims_are_index_ranges_on_a_small_table(rows):
     assert_prepared_claims_are_index_ranges(now)
 
 
-@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres",
-                    reason="PostgreSQL planner settings")
+@pytest.mark.skipif(
+    os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL planner settings"
+)
 def test_claim_keeps_to_the_claim_index_with_statistics_from_before_a_burst():
     # Statistics taken while due times were all different, then a burst of jobs enqueued in one
     # second (one next_run_at) before autovacuum analyzes again: left to itself PostgreSQL read
@@ -287,14 +303,19 @@ def test_claim_keeps_to_the_claim_index_with_statistics_from_before_a_burst():
 
     now = int(time.time())
     with connection.cursor() as c:
-        c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at) "
-                  "SELECT 'a' || x, 't', %s + x, %s FROM generate_series(1, 3000) AS g(x)",
-                  [now - 10000, now - 10000])
+        c.execute(
+            "INSERT INTO rws_jobs (id, job_type, next_run_at, created_at) "
+            "SELECT 'a' || x, 't', %s + x, %s FROM generate_series(1, 3000) AS g(x)",
+            [now - 10000, now - 10000],
+        )
     analyze()
     with connection.cursor() as c:
         c.execute("DELETE FROM rws_jobs")
-        c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at) "
-                  "SELECT 'b' || x, 't', %s, %s FROM generate_series(1, 20000) AS g(x)", [now - 5, now - 5])
+        c.execute(
+            "INSERT INTO rws_jobs (id, job_type, next_run_at, created_at) "
+            "SELECT 'b' || x, 't', %s, %s FROM generate_series(1, 20000) AS g(x)",
+            [now - 5, now - 5],
+        )
     claim = claim_update(None, now, 4)
     conn = private_connection("default")  # with the worker's session settings
     try:

@@ -25,8 +25,14 @@ def burst(*args: str, name: str | None = None, jobs: dict | None = None, timeout
     extra = {"RWS_TEST_JOBS": json.dumps(jobs or {})}
     if name is not None:
         extra["RWS_TEST_DB_NAME"] = name
-    proc = subprocess.run([sys.executable, "-m", "django", "rws_worker", "--burst", *args], cwd=ROOT,
-                          env=subprocess_env(**extra), capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "rws_worker", "--burst", *args],
+        cwd=ROOT,
+        env=subprocess_env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -99,12 +105,18 @@ def test_unstorable_errors_do_not_stall_the_completer(runs):
 
 # A check that refuses any non-ASCII last_error: stands for a value one database will not store.
 REFUSE_NON_ASCII = {
-    "sqlite": ["CREATE TRIGGER rws_test_refuse BEFORE UPDATE OF last_error ON rws_jobs "
-               "WHEN NEW.last_error GLOB '*[^ -~]*' BEGIN SELECT RAISE(ABORT, 'refused'); END"],
-    "postgres": ["ALTER TABLE rws_jobs ADD CONSTRAINT rws_test_refuse "
-                 "CHECK (last_error IS NULL OR last_error ~ '^[ -~]*$')"],
-    "mysql": ["ALTER TABLE rws_jobs ADD CONSTRAINT rws_test_refuse "
-              "CHECK (last_error IS NULL OR last_error REGEXP '^[ -~]*$')"],
+    "sqlite": [
+        "CREATE TRIGGER rws_test_refuse BEFORE UPDATE OF last_error ON rws_jobs "
+        "WHEN NEW.last_error GLOB '*[^ -~]*' BEGIN SELECT RAISE(ABORT, 'refused'); END"
+    ],
+    "postgres": [
+        "ALTER TABLE rws_jobs ADD CONSTRAINT rws_test_refuse "
+        "CHECK (last_error IS NULL OR last_error ~ '^[ -~]*$')"
+    ],
+    "mysql": [
+        "ALTER TABLE rws_jobs ADD CONSTRAINT rws_test_refuse "
+        "CHECK (last_error IS NULL OR last_error REGEXP '^[ -~]*$')"
+    ],
 }
 DROP_REFUSAL = {
     "sqlite": "DROP TRIGGER rws_test_refuse",
@@ -136,9 +148,15 @@ def test_an_outcome_the_database_refuses_is_recorded_plainly(refuse_non_ascii_er
     assert sorted(p for _, p in runs()) == ["0", "1", "2"]
     rows = {j.id: j for j in Job.objects.all()}
     assert (rows[dead].status, rows[dead].last_error, rows[dead].traceback) == (
-        "failed", "ValueError: boom \\xfcn\\xefcode", None)
+        "failed",
+        "ValueError: boom \\xfcn\\xefcode",
+        None,
+    )
     assert (rows[retried].status, rows[retried].attempts, rows[retried].last_error) == (
-        "pending", 1, "ValueError: boom \\xfc")
+        "pending",
+        1,
+        "ValueError: boom \\xfc",
+    )
     # tick() takes the same way.
     other = rws.enqueue("test.fail", "ß", max_retries=0)
     assert rws.tick()
@@ -215,8 +233,11 @@ def test_error_kinds():
         else:
             holder.cursor().execute("BEGIN")
             holder.cursor().execute("SELECT id FROM rws_jobs FOR UPDATE")
-            waiter.cursor().execute("SET lock_timeout = '50ms'" if VENDOR == "postgres"
-                                    else "SET SESSION innodb_lock_wait_timeout = 1")
+            waiter.cursor().execute(
+                "SET lock_timeout = '50ms'"
+                if VENDOR == "postgres"
+                else "SET SESSION innodb_lock_wait_timeout = 1"
+            )
             lock_sql = "UPDATE rws_jobs SET attempts = 1"
         assert is_transient(database_error(lock_sql, waiter))
     finally:

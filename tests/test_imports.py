@@ -32,8 +32,13 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     targets: set[str] = set()
     tree = ast.parse(path.read_text(), str(path))
-    type_only = {id(n) for block in ast.walk(tree) if _is_type_checking_block(block)
-                 for stmt in block.body for n in ast.walk(stmt)}  # type: ignore[attr-defined]
+    type_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if _is_type_checking_block(block)
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }  # type: ignore[attr-defined]
     for node in ast.walk(tree):
         if id(node) in type_only:
             continue
@@ -55,7 +60,8 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
 def _is_type_checking_block(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and (
         (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING")
-        or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING"))
+        or (isinstance(node.test, ast.Attribute) and node.test.attr == "TYPE_CHECKING")
+    )
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -66,7 +72,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[node] = "open"
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt, path + [nxt])
                 if found:

@@ -35,8 +35,11 @@ def test_a_queue_list_must_be_a_list_of_names():
         rws.enqueue_many({"job_type": "a.ok"})
     with pytest.raises(TypeError, match=r"jobs must be a list of jobs, got int 5"):
         rws.enqueue_many(5)
-    with pytest.raises(TypeError, match=r"queues must be a list of queue names, got str 'mail'; for one "
-                                        r"queue write \['mail'\]"):
+    with pytest.raises(
+        TypeError,
+        match=r"queues must be a list of queue names, got str 'mail'; for one "
+        r"queue write \['mail'\]",
+    ):
         rws.tick(queues="mail")
     with pytest.raises(TypeError, match=r"queues must be a list of queue names, got bytes b'mail'"):
         rws.tick(queues=b"mail")
@@ -77,8 +80,19 @@ def test_enqueue_many_items_take_only_enqueues_options():
     with pytest.raises(TypeError, match=r"^job #0: a job must be"):
         rws.enqueue_many([()])
     assert Job.objects.count() == 0
-    [job_id] = rws.enqueue_many([{"job_type": "a", "payload": "p", "queue": "q", "priority": 2, "unique": "u",
-                                  "max_retries": 1, "run_in": 5}])
+    [job_id] = rws.enqueue_many(
+        [
+            {
+                "job_type": "a",
+                "payload": "p",
+                "queue": "q",
+                "priority": 2,
+                "unique": "u",
+                "max_retries": 1,
+                "run_in": 5,
+            }
+        ]
+    )
     job = Job.objects.get(id=job_id)
     assert (job.payload, job.queue, job.priority, job.unique_key, job.max_retries) == ("p", "q", 2, "u", 1)
     assert job.created_at > 0
@@ -89,8 +103,11 @@ def test_enqueue_many_items_take_only_enqueues_options():
 
 def test_job_options_are_checked_at_registration():
     r = Registry()
-    with pytest.raises(TypeError, match=r"job_type 'x': unknown options 'max_retires', 'queu', 'prioirty'; "
-                                        r"the known ones are queue, priority, max_retries, schedule"):
+    with pytest.raises(
+        TypeError,
+        match=r"job_type 'x': unknown options 'max_retires', 'queu', 'prioirty'; "
+        r"the known ones are queue, priority, max_retries, schedule",
+    ):
         r.register("x", noop, max_retires=10, queu="mailers", prioirty=5)
     with pytest.raises(TypeError, match=r"job_type 'tests.input.typo': unknown option 'queu'"):
         job("tests.input.typo", queu="mailers")(noop)
@@ -102,8 +119,11 @@ def test_job_options_are_checked_at_registration():
         ({"queue": "a,b"}, ValueError, "queue name 'a,b' contains a comma"),
         ({"priority": 2**63}, ValueError, "priority 9223372036854775808 is out of range"),
         ({"priority": "5"}, TypeError, "priority must be an int, got str '5'"),
-        ({"max_retries": -1}, ValueError,
-         "max_retries -1 is out of range; it must be between 0 and 2147483647"),
+        (
+            {"max_retries": -1},
+            ValueError,
+            "max_retries -1 is out of range; it must be between 0 and 2147483647",
+        ),
         ({"max_retries": 1.0}, TypeError, "max_retries must be an int, got float 1.0"),
     ]
     for options, exc, message in bad:
@@ -120,15 +140,18 @@ def test_job_options_are_checked_at_registration():
 # -- item 13: queue names that --queues can select, and no blank --queues -------------------------
 
 
-@pytest.mark.parametrize("name, message", [
-    ("a,b", "queue name 'a,b' contains a comma; rws_worker --queues could not select it"),
-    (" a", "queue name ' a' starts or ends with whitespace"),
-    ("a ", "queue name 'a ' starts or ends with whitespace"),
-    ("a\u00a0", "starts or ends with whitespace"),
-    ("a\tb", r"queue name 'a\tb' contains a control character"),
-    ("a\x7fb", "contains a control character"),
-    ("a\x00b", "contains a NUL character"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("a,b", "queue name 'a,b' contains a comma; rws_worker --queues could not select it"),
+        (" a", "queue name ' a' starts or ends with whitespace"),
+        ("a ", "queue name 'a ' starts or ends with whitespace"),
+        ("a\u00a0", "starts or ends with whitespace"),
+        ("a\tb", r"queue name 'a\tb' contains a control character"),
+        ("a\x7fb", "contains a control character"),
+        ("a\x00b", "contains a NUL character"),
+    ],
+)
 def test_queue_names_that_queues_cannot_select_are_refused(name, message):
     with pytest.raises(ValueError) as info:
         rws.enqueue("x", queue=name)
@@ -152,15 +175,21 @@ def test_queue_names_with_inner_spaces_and_any_script_are_fine():
 
 @pytest.mark.parametrize("queues", ["", ",,,", " ", " , "])
 def test_rws_worker_refuses_a_blank_queue_list(queues):
-    with pytest.raises(CommandError, match=r"--queues '.*' names no queue; leave --queues out to run every "
-                                           r"queue"):
+    with pytest.raises(
+        CommandError,
+        match=r"--queues '.*' names no queue; leave --queues out to run every "
+        r"queue",
+    ):
         call_command("rws_worker", "--queues", queues, "--burst")
 
 
-@pytest.mark.parametrize("queues, message", [
-    ("a,b\tc", r"queue name 'b\\tc' contains a control character"),
-    ("a," + "q" * 65, "is 65 characters; the limit is 64"),
-])
+@pytest.mark.parametrize(
+    "queues, message",
+    [
+        ("a,b\tc", r"queue name 'b\\tc' contains a control character"),
+        ("a," + "q" * 65, "is 65 characters; the limit is 64"),
+    ],
+)
 def test_rws_worker_refuses_queue_names_enqueue_refuses(queues, message):
     with pytest.raises(CommandError, match=message):
         call_command("rws_worker", "--queues", queues, "--burst")
@@ -181,8 +210,11 @@ def test_a_blank_queue_list_exits_non_zero_and_runs_nothing():
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "3600.5", "1e400"])
 def test_rws_worker_refuses_a_poll_interval_out_of_bounds(value):
-    with pytest.raises(CommandError, match=r"^--poll-interval is .*; it must be a number of seconds in "
-                                           r"\(0, 3600\]$"):
+    with pytest.raises(
+        CommandError,
+        match=r"^--poll-interval is .*; it must be a number of seconds in "
+        r"\(0, 3600\]$",
+    ):
         call_command("rws_worker", f"--poll-interval={value}", "--burst")
 
 
@@ -207,14 +239,18 @@ def test_worker_refuses_bad_arguments_and_settings():
     assert str(info.value) == (
         "RWS_JOBS['LEASE_SECONDS'] is 100000000000000000000; it must be an integer number of seconds in "
         "[2, 604800] (rws_jobs.E008); RWS_JOBS['SHUTDOWN_TIMEOUT'] is inf; it must be a number of seconds "
-        "in [0, 86400] (rws_jobs.E009)")
+        "in [0, 86400] (rws_jobs.E009)"
+    )
 
 
 @override_settings(RWS_JOBS={"LEASE_SECONDS": 10**20})
 def test_tick_refuses_a_lease_out_of_bounds_before_claiming():
     rws.enqueue("test.record", "p")
-    with pytest.raises(ValueError, match=r"RWS_JOBS\['LEASE_SECONDS'\] is 100000000000000000000; it must be "
-                                         r"an integer number of seconds in \[2, 604800\] \(rws_jobs.E008\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"RWS_JOBS\['LEASE_SECONDS'\] is 100000000000000000000; it must be "
+        r"an integer number of seconds in \[2, 604800\] \(rws_jobs.E008\)",
+    ):
         rws.tick()
     assert Job.objects.get().status == "pending"
 
@@ -225,8 +261,9 @@ def test_an_infinite_shutdown_timeout_stops_the_worker_at_start():
     proc = start_worker("--burst", env=subprocess_env(RWS_TEST_JOBS='{"SHUTDOWN_TIMEOUT": Infinity}'))
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, out
-    assert ("(rws_jobs.E009) RWS_JOBS['SHUTDOWN_TIMEOUT'] is inf; it must be a number of seconds in "
-            "[0, 86400]") in out
+    assert (
+        "(rws_jobs.E009) RWS_JOBS['SHUTDOWN_TIMEOUT'] is inf; it must be a number of seconds in [0, 86400]"
+    ) in out
 
 
 # -- item 15: huge delays and malformed ids -------------------------------------------------------
@@ -249,8 +286,12 @@ def test_huge_delays_are_a_value_error_naming_the_limit():
 
 def test_the_farthest_datetimes_are_stored():
     utc, west = dt.timezone.utc, dt.timezone(-dt.timedelta(hours=23, minutes=59))
-    far = [dt.datetime.max.replace(tzinfo=utc), dt.datetime.max.replace(tzinfo=west),
-           dt.datetime.min.replace(tzinfo=utc), dt.datetime.min.replace(tzinfo=west)]
+    far = [
+        dt.datetime.max.replace(tzinfo=utc),
+        dt.datetime.max.replace(tzinfo=west),
+        dt.datetime.min.replace(tzinfo=utc),
+        dt.datetime.min.replace(tzinfo=west),
+    ]
     ids = [rws.enqueue("x", run_at=at) for at in far]
     stored = dict(Job.objects.values_list("id", "next_run_at"))
     assert [stored[i] for i in ids] == [253402300800, 253402387140, 0, 0]
@@ -286,12 +327,21 @@ def test_rws_schedules_shows_any_stored_due_time():
     with override_settings(RWS_JOBS={"SCHEDULES": declared}):
         call_command("rws_schedules", stdout=out)
     text = out.getvalue()
-    assert re.search(r"^  far +0 \* \* \* \* \* +test.record +4611686018427387904 \(unix seconds\) "
-                     r"\(in \d+ y\)$", text, re.MULTILINE), text
+    assert re.search(
+        r"^  far +0 \* \* \* \* \* +test.record +4611686018427387904 \(unix seconds\) "
+        r"\(in \d+ y\)$",
+        text,
+        re.MULTILINE,
+    ), text
     assert humanize.absolute(2**62) == "4611686018427387904 (unix seconds)"
-    assert re.search(r"^  last +0 \* \* \* \* \* +9223372036854775807 \(unix seconds\) \(in \d+ y\)$",
-                     text, re.MULTILINE), text
-    assert re.search(r"^  first +0 \* \* \* \* \* +-9223372036854775808 \(unix seconds\) \(\d+ y ago\)$",
-                     text, re.MULTILINE), text
-    assert re.search(r"^  before-1970 +0 \* \* \* \* \* +1969-12-31 23:59:59 UTC \(\d+ y ago\)$",
-                     text, re.MULTILINE), text
+    assert re.search(
+        r"^  last +0 \* \* \* \* \* +9223372036854775807 \(unix seconds\) \(in \d+ y\)$", text, re.MULTILINE
+    ), text
+    assert re.search(
+        r"^  first +0 \* \* \* \* \* +-9223372036854775808 \(unix seconds\) \(\d+ y ago\)$",
+        text,
+        re.MULTILINE,
+    ), text
+    assert re.search(
+        r"^  before-1970 +0 \* \* \* \* \* +1969-12-31 23:59:59 UTC \(\d+ y ago\)$", text, re.MULTILINE
+    ), text

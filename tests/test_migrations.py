@@ -14,8 +14,10 @@ def test_tables_have_the_seed_defaults_in_the_database():
     # insert) gets the seed's defaults from the database itself.
     with connection.cursor() as c:
         c.execute("INSERT INTO rws_jobs (id, job_type, next_run_at, created_at) VALUES ('seed-1', 't', 1, 1)")
-        c.execute("SELECT payload, status, attempts, max_retries, queue, priority, unique_key, last_error "
-                  "FROM rws_jobs WHERE id = 'seed-1'")
+        c.execute(
+            "SELECT payload, status, attempts, max_retries, queue, priority, unique_key, last_error "
+            "FROM rws_jobs WHERE id = 'seed-1'"
+        )
         assert c.fetchone() == ("", "pending", 0, 3, "default", 0, None, None)
 
 

@@ -24,14 +24,45 @@ pytestmark = pytest.mark.django_db(transaction=True)
 fast = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 any_text = st.text(st.characters(exclude_categories=()), max_size=80)  # NUL and surrogates included
-edge_text = st.sampled_from(["", " ", "\x00", "a\x00", "\udcff", "\ud800x", "a,b", " q", "q ", "\t", "x" * 64,
-                             "x" * 65, "u" * 191, "u" * 192, "🔥", "Ünï", "'; --", "%s", "\\"])
+edge_text = st.sampled_from(
+    [
+        "",
+        " ",
+        "\x00",
+        "a\x00",
+        "\udcff",
+        "\ud800x",
+        "a,b",
+        " q",
+        "q ",
+        "\t",
+        "x" * 64,
+        "x" * 65,
+        "u" * 191,
+        "u" * 192,
+        "🔥",
+        "Ünï",
+        "'; --",
+        "%s",
+        "\\",
+    ]
+)
 texts = st.one_of(any_text, edge_text)
-ints = st.one_of(st.integers(), st.sampled_from([0, -1, 2**31 - 1, 2**31, 2**63 - 1, 2**63, -(2**63),
-                                                 -(2**63) - 1, 10**30, 10**400, -(10**400)]))
+ints = st.one_of(
+    st.integers(),
+    st.sampled_from(
+        [0, -1, 2**31 - 1, 2**31, 2**63 - 1, 2**63, -(2**63), -(2**63) - 1, 10**30, 10**400, -(10**400)]
+    ),
+)
 floats = st.one_of(st.floats(), st.sampled_from([float("nan"), float("inf"), float("-inf"), 1e308, -0.0]))
-wrong = st.one_of(st.none(), st.booleans(), st.binary(max_size=4), st.lists(st.integers(), max_size=2),
-                  st.dictionaries(st.text(max_size=3), st.integers(), max_size=2), st.just(object()))
+wrong = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.binary(max_size=4),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.just(object()),
+)
 anything = st.one_of(texts, ints, floats, wrong, st.timedeltas(), st.datetimes())
 timedeltas = st.one_of(st.timedeltas(), st.sampled_from([dt.timedelta.max, dt.timedelta.min]))
 datetimes = st.datetimes(timezones=st.none() | st.timezones())
@@ -56,7 +87,10 @@ def _expected(job_type, payload="", queue=None, priority=None, unique=None, max_
     spec = registry.get(job_type)
     defaults = spec.options if spec is not None else {}
     return {
-        "job_type": job_type, "payload": payload, "status": "pending", "attempts": 0,
+        "job_type": job_type,
+        "payload": payload,
+        "status": "pending",
+        "attempts": 0,
         "queue": defaults.get("queue", "default") if queue is None else queue,
         "priority": defaults.get("priority", 0) if priority is None else priority,
         "unique_key": unique,
@@ -66,9 +100,22 @@ def _expected(job_type, payload="", queue=None, priority=None, unique=None, max_
 
 def _stored(job_id, before):
     """The row's values, once its times are checked: created now, due at a unix second."""
-    row = Job.objects.filter(id=job_id).values(
-        "job_type", "payload", "status", "attempts", "queue", "priority", "unique_key", "max_retries",
-        "next_run_at", "created_at").get()
+    row = (
+        Job.objects.filter(id=job_id)
+        .values(
+            "job_type",
+            "payload",
+            "status",
+            "attempts",
+            "queue",
+            "priority",
+            "unique_key",
+            "max_retries",
+            "next_run_at",
+            "created_at",
+        )
+        .get()
+    )
     assert before <= row.pop("created_at") <= time.time()
     assert 0 <= row.pop("next_run_at") < 2**63
     # rws_worker --queues a,b can select every queue a job was stored in
@@ -88,8 +135,11 @@ def _enqueue_stores_exactly_or_refuses(job_type, payload, options):
 
 
 @fast
-@given(job_type=st.one_of(st.text(max_size=20), texts, wrong), payload=st.one_of(st.text(), texts, wrong),
-       options=_options())
+@given(
+    job_type=st.one_of(st.text(max_size=20), texts, wrong),
+    payload=st.one_of(st.text(), texts, wrong),
+    options=_options(),
+)
 def test_enqueue_stores_exactly_or_raises_type_or_value_error(job_type, payload, options):
     _enqueue_stores_exactly_or_refuses(job_type, payload, options)
 
@@ -180,8 +230,11 @@ def _storable(text):
 
 
 @fast
-@given(queues=st.one_of(st.none(), texts, wrong, ints, st.lists(st.one_of(texts, ints, wrong), max_size=3),
-                        st.tuples(texts)))
+@given(
+    queues=st.one_of(
+        st.none(), texts, wrong, ints, st.lists(st.one_of(texts, ints, wrong), max_size=3), st.tuples(texts)
+    )
+)
 @example(queues="q")
 @example(queues=[5])
 @example(queues=[])
@@ -223,10 +276,15 @@ def test_the_settings_checks_report_and_never_raise(values):
 
 crons = st.sampled_from(["0 * * * * *", "*/5 * * * * *", "0 0 0 30 2 *", "@daily", "61 * * * * *"])
 schedule = st.fixed_dictionaries(
-    {"cron": st.one_of(crons, texts, wrong),
-     "job_type": st.one_of(st.just("test.record"), texts, wrong)},
-    optional={"payload": anything, "queue": anything, "priority": anything, "max_retries": anything,
-              "unique": anything, "run_in": anything},
+    {"cron": st.one_of(crons, texts, wrong), "job_type": st.one_of(st.just("test.record"), texts, wrong)},
+    optional={
+        "payload": anything,
+        "queue": anything,
+        "priority": anything,
+        "max_retries": anything,
+        "unique": anything,
+        "run_in": anything,
+    },
 )
 
 

@@ -136,8 +136,10 @@ def test_a_changed_expression_takes_effect_at_once():
 def test_a_row_written_by_the_seed_has_no_expression_and_is_treated_as_changed():
     # rust-web-server inserts (name, next_run_at) only.
     with connection.cursor() as c:
-        c.execute("INSERT INTO rws_job_schedules (name, next_run_at) VALUES (%s, %s)",
-                  ["m", ts("2024-01-01 03:00:00")])
+        c.execute(
+            "INSERT INTO rws_job_schedules (name, next_run_at) VALUES (%s, %s)",
+            ["m", ts("2024-01-01 03:00:00")],
+        )
     with with_schedules(m=MINUTELY):
         assert tick_schedules(now=ts("2024-01-01 00:00:30")) == 0
         assert row("m") == (ts("2024-01-01 00:01:00"), "0 * * * * *")
@@ -148,8 +150,10 @@ def test_a_due_time_that_has_passed_runs_once_even_if_the_expression_changed():
     # A seed row whose due time has come (say the Rust replicas stopped): it runs once, like any
     # missed due time, and the row now carries the expression.
     with connection.cursor() as c:
-        c.execute("INSERT INTO rws_job_schedules (name, next_run_at) VALUES (%s, %s)",
-                  ["m", ts("2024-01-01 00:00:10")])
+        c.execute(
+            "INSERT INTO rws_job_schedules (name, next_run_at) VALUES (%s, %s)",
+            ["m", ts("2024-01-01 00:00:10")],
+        )
     with with_schedules(m=MINUTELY):
         assert tick_schedules(now=ts("2024-01-01 00:00:30")) == 1
         assert tick_schedules(now=ts("2024-01-01 00:00:31")) == 0
@@ -198,12 +202,17 @@ def test_rows_no_longer_declared_are_left_alone_and_reported():
 
 # -- declaring schedules ---------------------------------------------------------------------------
 
+
 def test_settings_and_job_decorator_schedules_make_one_list(temp_jobs):
     temp_jobs("tests.sched.plain", schedule="0 0 3 * * *")
-    temp_jobs("tests.sched.many", queue="low", schedule=[
-        {"name": "many-a", "cron": "0 0 4 * * *", "payload": "a", "priority": 2},
-        {"name": "many-b", "cron": "@hourly"},
-    ])
+    temp_jobs(
+        "tests.sched.many",
+        queue="low",
+        schedule=[
+            {"name": "many-a", "cron": "0 0 4 * * *", "payload": "a", "priority": 2},
+            {"name": "many-b", "cron": "@hourly"},
+        ],
+    )
     with with_schedules(m=MINUTELY):
         schedules, errors = declared()
     assert errors == []
@@ -225,39 +234,82 @@ def _check(**schedules):
         return [(m.id, m.msg) for m in checks.run_checks(tags=["rws_jobs"]) if m.id.startswith("rws_jobs.E1")]
 
 
-@pytest.mark.parametrize("entry, check_id, message", [
-    ({"cron": "0 0 25 * * *", "job_type": "test.record"}, "rws_jobs.E101",
-     "schedule 'x': cron expression '0 0 25 * * *': hour 25 is out of range 0-23"),
-    ({"cron": "* * * *", "job_type": "test.record"}, "rws_jobs.E101",
-     "schedule 'x': cron expression '* * * *' has 4 fields; it needs 6 "
-     "(second minute hour day-of-month month day-of-week), or 5 without the second"),
-    ({"cron": 5, "job_type": "test.record"}, "rws_jobs.E101",
-     "schedule 'x': cron expression 5 must be a string, not int"),
-    ({"cron": ["* * * * * *"], "job_type": "test.record"}, "rws_jobs.E101",
-     "schedule 'x': cron expression ['* * * * * *'] must be a string, not list"),
-    ({"cron": "0 0 0 30 2 *", "job_type": "test.record"}, "rws_jobs.E102",
-     "schedule 'x': cron expression '0 0 0 30 2 *' never fires: day-of-month '30' never occurs in month '2'"),
-    ({"cron": "0 0 3 * * *", "job_type": "reports.nightly"}, "rws_jobs.E103",
-     "schedule 'x': job_type 'reports.nightly' has no registered handler; "
-     "register one with @job('reports.nightly') in a jobs.py module"),
-    ("0 0 3 * * *", "rws_jobs.E104",
-     "schedule 'x': must be a dict with 'cron' and 'job_type' (optional: payload, queue, priority, "
-     "max_retries, unique), got str '0 0 3 * * *'"),
-    ({"cron": "0 0 3 * * *"}, "rws_jobs.E104", "schedule 'x': needs 'job_type'"),
-    ({"cron": "0 0 3 * * *", "job_type": "test.record", "run_in": 5}, "rws_jobs.E104",
-     "schedule 'x': unknown key(s) 'run_in'; the keys are cron, job_type, payload, queue, priority, "
-     "max_retries, unique"),
-    ({"cron": "0 0 3 * * *", "job_type": "test.record", "payload": b"x"}, "rws_jobs.E104",
-     "schedule 'x': payload must be a str, got bytes b'x'"),
-    ({"cron": "0 0 3 * * *", "job_type": "test.record", "priority": "high"}, "rws_jobs.E104",
-     "schedule 'x': priority must be an int, got str 'high'"),
-    ({"cron": "0 0 3 * * *", "job_type": "test.record", "max_retries": -1}, "rws_jobs.E104",
-     "schedule 'x': max_retries -1 is out of range; it must be between 0 and 2147483647"),
-    ({"cron": "0 0 3 * * *", "job_type": "test.record", "queue": "q" * 65}, "rws_jobs.E104",
-     f"schedule 'x': queue name {'q' * 40 + '...'!r} is 65 characters; the limit is 64"),
-    ({"cron": "0 0 3 * * *", "job_type": 7}, "rws_jobs.E104",
-     "schedule 'x': job_type must be a str, got int 7"),
-])
+@pytest.mark.parametrize(
+    "entry, check_id, message",
+    [
+        (
+            {"cron": "0 0 25 * * *", "job_type": "test.record"},
+            "rws_jobs.E101",
+            "schedule 'x': cron expression '0 0 25 * * *': hour 25 is out of range 0-23",
+        ),
+        (
+            {"cron": "* * * *", "job_type": "test.record"},
+            "rws_jobs.E101",
+            "schedule 'x': cron expression '* * * *' has 4 fields; it needs 6 "
+            "(second minute hour day-of-month month day-of-week), or 5 without the second",
+        ),
+        (
+            {"cron": 5, "job_type": "test.record"},
+            "rws_jobs.E101",
+            "schedule 'x': cron expression 5 must be a string, not int",
+        ),
+        (
+            {"cron": ["* * * * * *"], "job_type": "test.record"},
+            "rws_jobs.E101",
+            "schedule 'x': cron expression ['* * * * * *'] must be a string, not list",
+        ),
+        (
+            {"cron": "0 0 0 30 2 *", "job_type": "test.record"},
+            "rws_jobs.E102",
+            "schedule 'x': cron expression '0 0 0 30 2 *' never fires: "
+            "day-of-month '30' never occurs in month '2'",
+        ),
+        (
+            {"cron": "0 0 3 * * *", "job_type": "reports.nightly"},
+            "rws_jobs.E103",
+            "schedule 'x': job_type 'reports.nightly' has no registered handler; "
+            "register one with @job('reports.nightly') in a jobs.py module",
+        ),
+        (
+            "0 0 3 * * *",
+            "rws_jobs.E104",
+            "schedule 'x': must be a dict with 'cron' and 'job_type' (optional: payload, queue, priority, "
+            "max_retries, unique), got str '0 0 3 * * *'",
+        ),
+        ({"cron": "0 0 3 * * *"}, "rws_jobs.E104", "schedule 'x': needs 'job_type'"),
+        (
+            {"cron": "0 0 3 * * *", "job_type": "test.record", "run_in": 5},
+            "rws_jobs.E104",
+            "schedule 'x': unknown key(s) 'run_in'; the keys are cron, job_type, payload, queue, priority, "
+            "max_retries, unique",
+        ),
+        (
+            {"cron": "0 0 3 * * *", "job_type": "test.record", "payload": b"x"},
+            "rws_jobs.E104",
+            "schedule 'x': payload must be a str, got bytes b'x'",
+        ),
+        (
+            {"cron": "0 0 3 * * *", "job_type": "test.record", "priority": "high"},
+            "rws_jobs.E104",
+            "schedule 'x': priority must be an int, got str 'high'",
+        ),
+        (
+            {"cron": "0 0 3 * * *", "job_type": "test.record", "max_retries": -1},
+            "rws_jobs.E104",
+            "schedule 'x': max_retries -1 is out of range; it must be between 0 and 2147483647",
+        ),
+        (
+            {"cron": "0 0 3 * * *", "job_type": "test.record", "queue": "q" * 65},
+            "rws_jobs.E104",
+            f"schedule 'x': queue name {'q' * 40 + '...'!r} is 65 characters; the limit is 64",
+        ),
+        (
+            {"cron": "0 0 3 * * *", "job_type": 7},
+            "rws_jobs.E104",
+            "schedule 'x': job_type must be a str, got int 7",
+        ),
+    ],
+)
 def test_each_bad_schedule_is_a_check_error_naming_it(entry, check_id, message):
     assert _check(ok=MINUTELY, x=entry) == [(check_id, message)]
 
@@ -271,27 +323,39 @@ def test_every_problem_of_one_schedule_is_reported():
 
 def test_a_bad_name_is_a_check_error():
     assert _check(**{"n" * 192: MINUTELY}) == [
-        ("rws_jobs.E104", f"schedule {'n' * 192!r}: the name must be a string of 1 to 191 characters "
-                          "(declared in RWS_JOBS['SCHEDULES'])"),
+        (
+            "rws_jobs.E104",
+            f"schedule {'n' * 192!r}: the name must be a string of 1 to 191 characters "
+            "(declared in RWS_JOBS['SCHEDULES'])",
+        ),
     ]
 
 
 def test_duplicate_names_are_check_errors_and_neither_runs(temp_jobs):
     temp_jobs("tests.sched.dup1", schedule={"name": "m", "cron": "0 0 3 * * *"})
     assert _check(m=MINUTELY) == [
-        ("rws_jobs.E105", "schedule 'm': is declared 2 times (RWS_JOBS['SCHEDULES'], "
-                          "@job('tests.sched.dup1')); schedule names must be unique"),
+        (
+            "rws_jobs.E105",
+            "schedule 'm': is declared 2 times (RWS_JOBS['SCHEDULES'], "
+            "@job('tests.sched.dup1')); schedule names must be unique",
+        ),
     ]
     temp_jobs("tests.sched.dup2", schedule=["0 0 4 * * *", {"name": "m", "cron": "@daily"}])
     assert _check() == [
-        ("rws_jobs.E105", "schedule 'm': is declared 2 times (@job('tests.sched.dup1'), "
-                          "@job('tests.sched.dup2')); schedule names must be unique"),
+        (
+            "rws_jobs.E105",
+            "schedule 'm': is declared 2 times (@job('tests.sched.dup1'), "
+            "@job('tests.sched.dup2')); schedule names must be unique",
+        ),
     ]
     with with_schedules():
         assert [s.name for s in declared()[0]] == ["tests.sched.dup2"]
     temp_jobs("tests.sched.dup3", schedule=["0 0 4 * * *", "0 0 5 * * *"])
-    assert ("rws_jobs.E105", "schedule 'tests.sched.dup3': is declared 2 times (@job('tests.sched.dup3'), "
-                             "@job('tests.sched.dup3')); schedule names must be unique") in _check()
+    assert (
+        "rws_jobs.E105",
+        "schedule 'tests.sched.dup3': is declared 2 times (@job('tests.sched.dup3'), "
+        "@job('tests.sched.dup3')); schedule names must be unique",
+    ) in _check()
 
 
 def test_registering_a_handler_again_does_not_duplicate_its_schedule(temp_jobs):
@@ -308,10 +372,16 @@ def test_a_bad_schedule_on_the_decorator_is_a_check_error_too(temp_jobs):
     temp_jobs("tests.sched.bad", schedule="0 0 0 31 4 *")
     temp_jobs("tests.sched.shape", schedule=42)
     assert _check() == [
-        ("rws_jobs.E102", "schedule 'tests.sched.bad': cron expression '0 0 0 31 4 *' never fires: "
-                          "day-of-month '31' never occurs in month '4'"),
-        ("rws_jobs.E104", "schedule 'tests.sched.shape': must be a dict with 'cron' and 'job_type' "
-                          "(optional: payload, queue, priority, max_retries, unique), got int 42"),
+        (
+            "rws_jobs.E102",
+            "schedule 'tests.sched.bad': cron expression '0 0 0 31 4 *' never fires: "
+            "day-of-month '31' never occurs in month '4'",
+        ),
+        (
+            "rws_jobs.E104",
+            "schedule 'tests.sched.shape': must be a dict with 'cron' and 'job_type' "
+            "(optional: payload, queue, priority, max_retries, unique), got int 42",
+        ),
     ]
 
 
@@ -321,8 +391,15 @@ def test_rws_worker_refuses_to_start_with_the_check_messages():
     expected = _check(**SCHEDULES)
     assert sorted(i for i, _ in expected) == [f"rws_jobs.E10{n}" for n in (1, 2, 3, 4)]
     env = subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings_bad_schedules")
-    proc = subprocess.run([sys.executable, "-m", "django", "rws_worker", "--burst"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "rws_worker", "--burst"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 1
     assert "SystemCheckError" in proc.stderr
     for check_id, message in expected:
@@ -339,21 +416,29 @@ def test_rws_schedules_lists_declared_schedules_and_stray_rows():
         call_command("rws_schedules", stdout=out)
     text = out.getvalue()
     at = dt.datetime.fromtimestamp(now + 3600, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    assert re.search(rf"^  m +0 \* \* \* \* \* +test.record +{at} \(in 1 h\)$",
-                     text, re.MULTILINE), text
-    assert re.search(r"^  nightly +0 0 3 \* \* \* +test.record +\d{4}-\d\d-\d\d 03:00:00 UTC \(in .*\), "
-                     r"once a worker has seen it$", text, re.MULTILINE), text
+    assert re.search(rf"^  m +0 \* \* \* \* \* +test.record +{at} \(in 1 h\)$", text, re.MULTILINE), text
+    assert re.search(
+        r"^  nightly +0 0 3 \* \* \* +test.record +\d{4}-\d\d-\d\d 03:00:00 UTC \(in .*\), "
+        r"once a worker has seen it$",
+        text,
+        re.MULTILINE,
+    ), text
     assert "Rows no schedule here declares" in text
-    assert re.search(r"^  old +\(none stored: a rust-web-server row\) +2024-01-01 00:00:00 UTC "
-                     r"\(\d+ y ago\)$",
-                     text, re.MULTILINE), text
+    assert re.search(
+        r"^  old +\(none stored: a rust-web-server row\) +2024-01-01 00:00:00 UTC "
+        r"\(\d+ y ago\)$",
+        text,
+        re.MULTILINE,
+    ), text
 
     err = io.StringIO()
     with with_schedules(m={**MINUTELY, "cron": "61 * * * * *"}):
         with pytest.raises(CommandError, match="1 schedule error"):
             call_command("rws_schedules", stdout=io.StringIO(), stderr=err)
-    assert ("schedule 'm': cron expression '61 * * * * *': second 61 is out of range 0-59 (rws_jobs.E101)"
-            in err.getvalue())
+    assert (
+        "schedule 'm': cron expression '61 * * * * *': second 61 is out of range 0-59 (rws_jobs.E101)"
+        in err.getvalue()
+    )
 
 
 def test_the_scheduler_thread_stays_alive_without_schedules_until_stopped():
@@ -371,11 +456,15 @@ def test_the_scheduler_thread_stays_alive_without_schedules_until_stopped():
 def _kill_other_connections():
     with connection.cursor() as c:
         if connection.vendor == "postgresql":
-            c.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                      "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            c.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
         else:
-            c.execute("SELECT ID FROM information_schema.PROCESSLIST "
-                      "WHERE DB = DATABASE() AND ID <> CONNECTION_ID()")
+            c.execute(
+                "SELECT ID FROM information_schema.PROCESSLIST "
+                "WHERE DB = DATABASE() AND ID <> CONNECTION_ID()"
+            )
             for (pid,) in c.fetchall():
                 c.execute(f"KILL CONNECTION {int(pid)}")
 

@@ -21,11 +21,14 @@ def seed(sql: str, params: list) -> int:
         return c.rowcount
 
 
-SEED_INSERT = ("INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
-               "created_at, queue, priority, unique_key) VALUES (?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, ?)")
+SEED_INSERT = (
+    "INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
+    "created_at, queue, priority, unique_key) VALUES (?, ?, ?, 'pending', 0, ?, ?, ?, ?, ?, ?)"
+)
 SEED_CLAIM = "UPDATE rws_jobs SET status = 'running' WHERE id = ? AND status = 'pending'"
-SEED_RESCHEDULE = ("UPDATE rws_jobs SET status = 'pending', attempts = ?, last_error = ?, next_run_at = ? "
-                   "WHERE id = ?")
+SEED_RESCHEDULE = (
+    "UPDATE rws_jobs SET status = 'pending', attempts = ?, last_error = ?, next_run_at = ? WHERE id = ?"
+)
 
 
 def test_a_job_inserted_by_the_seed_is_run_by_our_worker(runs):
@@ -39,8 +42,11 @@ def test_a_job_inserted_by_the_seed_is_run_by_our_worker(runs):
 def test_a_job_we_enqueue_is_claimable_with_the_seeds_sql():
     job_id = rws.enqueue("test.record", "for rust")
     with connection.cursor() as c:
-        c.execute("SELECT id, job_type, payload FROM rws_jobs WHERE status = 'pending' AND next_run_at <= %s "
-                  "ORDER BY priority DESC, next_run_at ASC, created_at ASC LIMIT 1", [int(time.time())])
+        c.execute(
+            "SELECT id, job_type, payload FROM rws_jobs WHERE status = 'pending' AND next_run_at <= %s "
+            "ORDER BY priority DESC, next_run_at ASC, created_at ASC LIMIT 1",
+            [int(time.time())],
+        )
         assert c.fetchone() == (job_id, "test.record", "for rust")
     assert seed(SEED_CLAIM, [job_id]) == 1
     assert seed("DELETE FROM rws_jobs WHERE id = ?", [job_id]) == 1

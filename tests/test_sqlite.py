@@ -33,8 +33,10 @@ def test_other_sqlite_aliases_keep_their_settings(tmp_path, setting, set_up):
     """Only the queue's SQLite alias gets the set-up (WAL, synchronous=NORMAL, IMMEDIATE
     transactions, a busy timeout), and those RWS_JOBS["SQLITE_SETUP_ALIASES"] names. In a process
     whose settings add an alias "other" beside the queue's "default", whatever database that is."""
-    env = subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings_sqlite_aliases",
-                         RWS_TEST_OTHER_SQLITE=str(tmp_path / "other.sqlite3"))
+    env = subprocess_env(
+        DJANGO_SETTINGS_MODULE="tests.settings_sqlite_aliases",
+        RWS_TEST_OTHER_SQLITE=str(tmp_path / "other.sqlite3"),
+    )
     if setting is not None:
         env["RWS_TEST_JOBS"] = json.dumps({"SQLITE_SETUP_ALIASES": setting})
     proc = run_python(
@@ -51,8 +53,12 @@ def test_other_sqlite_aliases_keep_their_settings(tmp_path, setting, set_up):
     assert proc.returncode == 0, out
     seen = json.loads(out.strip().splitlines()[-1])
     if set_up:
-        want = {"journal_mode": "wal", "synchronous": 1, "busy_timeout": 30000,
-                "transaction_mode": "IMMEDIATE"}
+        want = {
+            "journal_mode": "wal",
+            "synchronous": 1,
+            "busy_timeout": 30000,
+            "transaction_mode": "IMMEDIATE",
+        }
     else:  # SQLite's and Django's defaults
         want = {"journal_mode": "delete", "synchronous": 2, "busy_timeout": 5000, "transaction_mode": None}
     assert seen == want

@@ -247,8 +247,10 @@ def test_a_higher_priority_job_enqueued_after_a_claim_comes_first():
     assert _claim(store, "w#4", 10) == ["3", "4", "5", "low"]
 
 
-@pytest.mark.skipif(__import__("os").environ.get("RWS_TEST_DB", "sqlite") != "mysql",
-                    reason="MariaDB's claim sends BEGIN and COMMIT with its statements")
+@pytest.mark.skipif(
+    __import__("os").environ.get("RWS_TEST_DB", "sqlite") != "mysql",
+    reason="MariaDB's claim sends BEGIN and COMMIT with its statements",
+)
 @pytest.mark.parametrize("resumed", [False, True])
 def test_a_mariadb_claim_that_fails_midway_rolls_back_and_its_connection_claims_again(resumed):
     from django.db import DatabaseError, connection
@@ -256,9 +258,11 @@ def test_a_mariadb_claim_that_fails_midway_rolls_back_and_its_connection_claims_
     from django_rws_jobs.db import private_connection
 
     with connection.cursor() as c:
-        c.execute("CREATE TRIGGER rws_test_boom BEFORE UPDATE ON rws_jobs FOR EACH ROW "
-                  "BEGIN IF NEW.locked_by = 'boom' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'boom'; "
-                  "END IF; END")
+        c.execute(
+            "CREATE TRIGGER rws_test_boom BEFORE UPDATE ON rws_jobs FOR EACH ROW "
+            "BEGIN IF NEW.locked_by = 'boom' THEN SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'boom'; "
+            "END IF; END"
+        )
     store, other = Store(private_connection("default")), Store(private_connection("default"))
     try:
         for i in range(4):
@@ -280,8 +284,10 @@ def test_a_mariadb_claim_that_fails_midway_rolls_back_and_its_connection_claims_
             c.execute("DROP TRIGGER rws_test_boom")
 
 
-@pytest.mark.skipif(__import__("os").environ.get("RWS_TEST_MYSQL_DRIVER") != "pymysql",
-                    reason="the dj6:pymysql cell of scripts/test")
+@pytest.mark.skipif(
+    __import__("os").environ.get("RWS_TEST_MYSQL_DRIVER") != "pymysql",
+    reason="the dj6:pymysql cell of scripts/test",
+)
 def test_under_pymysql_the_worker_claims_with_one_statement_per_call():
     """PyMySQL sends one statement per call (no CLIENT_MULTI_STATEMENTS): the claim's BEGIN, locking
     read, UPDATE and COMMIT go one by one. Before, every claim was a syntax error."""
@@ -418,9 +424,11 @@ def test_more_future_only_bands_than_a_walk_passes_still_find_the_due_band(queue
     with connection.cursor() as c:  # one future job in each of more bands than a walk passes
         now = int(time.time())
         for p in range(1, MAX_BAND_WALK + 11):
-            c.execute("INSERT INTO rws_jobs (id, job_type, payload, next_run_at, created_at, priority, "
-                      "queue) VALUES (%s, 'test.record', '', %s, %s, %s, 'default')",
-                      [f"f{p}", now + 3600, now, p])
+            c.execute(
+                "INSERT INTO rws_jobs (id, job_type, payload, next_run_at, created_at, priority, "
+                "queue) VALUES (%s, 'test.record', '', %s, %s, %s, 'default')",
+                [f"f{p}", now + 3600, now, p],
+            )
     other = rws.enqueue("test.record", "other queue", priority=0, queue="other")
     due = [rws.enqueue("test.record", f"due-{i}", priority=-i) for i in range(2)]
     store = Store(connection)
@@ -439,8 +447,9 @@ def test_many_bands_of_future_jobs_do_not_make_a_claim_walk_them_all():
     now = int(time.time())
     for probe_first in (True, False):
         with CaptureQueriesContext(connection) as queries:
-            claimed = Store(connection).claim(f"w#{probe_first}", now, now + 60, None, 1,
-                                              probe_first=probe_first)
+            claimed = Store(connection).claim(
+                f"w#{probe_first}", now, now + 60, None, 1, probe_first=probe_first
+            )
         assert [j.id for j in claimed] == [due]
         assert len(queries) <= 20, [q["sql"] for q in queries]
         Job.objects.filter(id=due).update(status="pending")

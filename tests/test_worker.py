@@ -21,13 +21,23 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 class WorkerProcess:
-    def __init__(self, tmp_path: Path, *args: str, jobs: dict | None = None, name: str = "worker",
-                 new_session: bool = False):
+    def __init__(
+        self,
+        tmp_path: Path,
+        *args: str,
+        jobs: dict | None = None,
+        name: str = "worker",
+        new_session: bool = False,
+    ):
         self.log = tmp_path / f"{name}-{time.monotonic_ns()}.log"
         env = subprocess_env(RWS_TEST_JOBS=json.dumps(jobs or {}))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "rws_worker", *args], cwd=ROOT, env=env,
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT, start_new_session=new_session,
+            [sys.executable, "-m", "django", "rws_worker", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=new_session,
         )
 
     def output(self) -> str:
@@ -434,8 +444,10 @@ def listening() -> int:
     from django_rws_jobs.worker.listener import CHANNEL
 
     with connection.cursor() as c:
-        c.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE query = %s AND pid <> pg_backend_pid()",
-                  [f"LISTEN {CHANNEL}"])
+        c.execute(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE query = %s AND pid <> pg_backend_pid()",
+            [f"LISTEN {CHANNEL}"],
+        )
         return c.fetchone()[0]
 
 
@@ -500,8 +512,10 @@ def test_the_listener_listens_again_after_losing_its_connection(workers):
 
     w = start_idle_postgres_worker(workers, jobs={"POLL_INTERVAL": 30})  # its next poll 30 s away
     with connection.cursor() as c:
-        c.execute("SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity WHERE query = %s",
-                  ["LISTEN rws_jobs"])
+        c.execute(
+            "SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity WHERE query = %s",
+            ["LISTEN rws_jobs"],
+        )
         killed = {pid for _, pid in c.fetchall()}
     assert len(killed) == 1
 
@@ -550,8 +564,14 @@ def test_a_forked_process_gets_a_worker_id_of_its_own():
         "os.waitpid(pid, 0)\n"
         "print(os.getpid(), parent, pid, os.read(read, 500).decode(), worker_id())\n"
     )
-    out = subprocess.run([sys.executable, "-c", "import django; django.setup()\n" + code], cwd=ROOT,
-                         env=subprocess_env(), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()\n" + code],
+        cwd=ROOT,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     pid, parent, child_pid, child_token, parent_after = out.stdout.split()
     assert parent.split(":")[1] == pid and parent_after == parent

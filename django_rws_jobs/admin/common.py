@@ -32,8 +32,9 @@ def time_cell(ts: int | None, at: int | None = None) -> SafeString | str:
     """ "in 3 min" / "2 h ago", with the exact UTC time on hover."""
     if ts is None:
         return "-"
-    return format_html('<span title="{}">{}</span>', humanize.absolute(ts),
-                       humanize.relative(ts, at or now()))
+    return format_html(
+        '<span title="{}">{}</span>', humanize.absolute(ts), humanize.relative(ts, at or now())
+    )
 
 
 def short_text(text: str | None, limit: int = 80) -> SafeString | str:
@@ -76,7 +77,8 @@ def refuse_nul(request: HttpRequest, *values: str) -> None:
     """
     params = [*request.GET.lists(), *request.POST.lists()]
     if any("\x00" in v for v in values) or any(
-            "\x00" in key or any("\x00" in v for v in vs) for key, vs in params):
+        "\x00" in key or any("\x00" in v for v in vs) for key, vs in params
+    ):
         raise BadRequest("a parameter or id contains a NUL character, which no job or schedule holds")
 
 
@@ -94,18 +96,25 @@ class QueueDatabaseAdmin(admin.ModelAdmin):
         refuse_nul(request)
         return super().changelist_view(request, extra_context)
 
-    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
-                        extra_context: dict[str, Any] | None = None) -> Any:
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
         refuse_nul(request, unquote(object_id or ""))
         return super().changeform_view(request, object_id, form_url, extra_context)
 
-    def delete_view(self, request: HttpRequest, object_id: str,
-                    extra_context: dict[str, Any] | None = None) -> Any:
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> Any:
         refuse_nul(request, unquote(object_id))
         return super().delete_view(request, object_id, extra_context)
 
-    def history_view(self, request: HttpRequest, object_id: str,
-                     extra_context: dict[str, Any] | None = None) -> Any:
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None
+    ) -> Any:
         refuse_nul(request, unquote(object_id))
         return super().history_view(request, object_id, extra_context)
 

@@ -42,7 +42,7 @@ LOG_EACH = 100
 
 def _batches(ids: list[str]) -> Iterator[list[str]]:
     for i in range(0, len(ids), BATCH):
-        yield ids[i:i + BATCH]
+        yield ids[i : i + BATCH]
 
 
 def _ids(ids: list[str]) -> str:
@@ -131,17 +131,29 @@ class FailedJobAdmin(JobDisplay):
         vanished = [job_id for job_id in ids if job_id not in done]
         self.log_jobs(request, CHANGE, retried)
         if retried:
-            self.message_user(request, ngettext(
-                "Retried %(count)d dead job; it is due now.",
-                "Retried %(count)d dead jobs; they are due now.", len(retried),
-            ) % {"count": len(retried)}, messages.SUCCESS)
+            self.message_user(
+                request,
+                ngettext(
+                    "Retried %(count)d dead job; it is due now.",
+                    "Retried %(count)d dead jobs; they are due now.",
+                    len(retried),
+                )
+                % {"count": len(retried)},
+                messages.SUCCESS,
+            )
         if blocked:
-            self.message_user(request, ngettext(
-                "Skipped %(count)d job: a pending or running job of the same type holds its "
-                "unique key, so retrying it would run that work twice: %(ids)s.",
-                "Skipped %(count)d jobs: a pending or running job of the same type holds each one's "
-                "unique key, so retrying them would run that work twice: %(ids)s.", len(blocked),
-            ) % {"count": len(blocked), "ids": _ids(blocked)}, messages.WARNING)
+            self.message_user(
+                request,
+                ngettext(
+                    "Skipped %(count)d job: a pending or running job of the same type holds its "
+                    "unique key, so retrying it would run that work twice: %(ids)s.",
+                    "Skipped %(count)d jobs: a pending or running job of the same type holds each one's "
+                    "unique key, so retrying them would run that work twice: %(ids)s.",
+                    len(blocked),
+                )
+                % {"count": len(blocked), "ids": _ids(blocked)},
+                messages.WARNING,
+            )
         self.report_gone(request, vanished)
 
     # ---- delete ----------------------------------------------------------------------------
@@ -180,13 +192,25 @@ class FailedJobAdmin(JobDisplay):
                 job_types.update(present)
         self.log_jobs(request, DELETION, deleted, job_types)
         if deleted:
-            self.message_user(request, ngettext(
-                "Deleted %(count)d dead job.", "Deleted %(count)d dead jobs.", len(deleted),
-            ) % {"count": len(deleted)}, messages.SUCCESS)
+            self.message_user(
+                request,
+                ngettext(
+                    "Deleted %(count)d dead job.",
+                    "Deleted %(count)d dead jobs.",
+                    len(deleted),
+                )
+                % {"count": len(deleted)},
+                messages.SUCCESS,
+            )
         self.report_gone(request, left)
 
-    def log_jobs(self, request: HttpRequest, flag: int, ids: list[str], job_types: dict[str, str] | None = None,
-                 ) -> None:
+    def log_jobs(
+        self,
+        request: HttpRequest,
+        flag: int,
+        ids: list[str],
+        job_types: dict[str, str] | None = None,
+    ) -> None:
         """The admin log of an action: one entry per job for up to LOG_EACH jobs, as Django's own
         actions write them; past that one entry naming the count, on no object: an entry per job
         was half of a retry-all of 100,000 jobs, and a log of 100,000 lines tells an operator no
@@ -195,17 +219,28 @@ class FailedJobAdmin(JobDisplay):
         retry = flag == CHANGE
         if len(ids) > LOG_EACH:
             LogEntry.objects.create(
-                user_id=_user_id(request), action_flag=flag, object_id=None,
+                user_id=_user_id(request),
+                action_flag=flag,
+                object_id=None,
                 content_type=ContentType.objects.get_for_model(FailedJob, for_concrete_model=False),
                 object_repr=f"{len(ids)} dead jobs",
-                change_message=f"{'Retried' if retry else 'Deleted'} {len(ids)} dead jobs from the dead-letter list")
+                change_message=(
+                    f"{'Retried' if retry else 'Deleted'} {len(ids)} dead jobs from the dead-letter list"
+                ),
+            )
         elif ids:
             if job_types is None:
-                job_types = dict(Job.objects.using(queue_alias()).filter(pk__in=ids).values_list("pk", "job_type"))
+                job_types = dict(
+                    Job.objects.using(queue_alias()).filter(pk__in=ids).values_list("pk", "job_type")
+                )
             model, status = (Job, Status.PENDING) if retry else (FailedJob, Status.FAILED)
             jobs = [model(id=pk, job_type=job_types.get(pk, ""), status=status) for pk in ids]
-            LogEntry.objects.log_actions(_user_id(request), jobs, flag,
-                                         change_message="Retried from the dead-letter list" if retry else "")
+            LogEntry.objects.log_actions(
+                _user_id(request),
+                jobs,
+                flag,
+                change_message="Retried from the dead-letter list" if retry else "",
+            )
 
     def _confirm_delete(self, request: HttpRequest, ids: list[str], gone: list[str]) -> TemplateResponse:
         select_across = request.POST.get("select_across") == "1"
@@ -247,11 +282,16 @@ class FailedJobAdmin(JobDisplay):
         for job_id in ids:
             groups.setdefault(found.get(job_id), []).append(job_id)
         for status, group in groups.items():
-            self.message_user(request, ngettext(
-                "Skipped %(count)d job that left the dead-letter list (%(reason)s): %(ids)s.",
-                "Skipped %(count)d jobs that left the dead-letter list (%(reason)s): %(ids)s.", len(group),
-            ) % {"count": len(group), "reason": reasons.get(status, status), "ids": _ids(group)},
-                messages.WARNING)
+            self.message_user(
+                request,
+                ngettext(
+                    "Skipped %(count)d job that left the dead-letter list (%(reason)s): %(ids)s.",
+                    "Skipped %(count)d jobs that left the dead-letter list (%(reason)s): %(ids)s.",
+                    len(group),
+                )
+                % {"count": len(group), "reason": reasons.get(status, status), "ids": _ids(group)},
+                messages.WARNING,
+            )
 
     # ---- views -----------------------------------------------------------------------------
 
@@ -271,8 +311,13 @@ class FailedJobAdmin(JobDisplay):
         if name in (self.actions or []) and name not in self.get_actions(request):
             raise PermissionDenied
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> Any:
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
         context = {**links(request, self), "may_retry": self.may_retry(request)}
         return super().change_view(request, object_id, form_url, {**context, **(extra_context or {})})
 
@@ -290,17 +335,19 @@ class FailedJobAdmin(JobDisplay):
         job_id = unquote(object_id)  # the URL holds the admin-quoted id, as Django's own views get it
         refuse_nul(request, job_id)
         self.retry_jobs(request, [job_id])
-        return HttpResponseRedirect(reverse("admin:django_rws_jobs_failedjob_changelist",
-                                            current_app=self.admin_site.name))
+        return HttpResponseRedirect(
+            reverse("admin:django_rws_jobs_failedjob_changelist", current_app=self.admin_site.name)
+        )
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         # The single-job delete page: like the action, only while the job is still dead.
         deleted = Job.objects.using(queue_alias()).filter(pk=obj.pk, status=Status.FAILED).delete()[0]
-        request._rws_deleted = deleted  # type: ignore[attr-defined]
+        request._rws_deleted = deleted
 
     def response_delete(self, request: HttpRequest, obj_display: str, obj_id: Any) -> HttpResponse:
         if getattr(request, "_rws_deleted", 1):
             return super().response_delete(request, obj_display, obj_id)
         self.report_gone(request, [str(obj_id)])
-        return HttpResponseRedirect(reverse("admin:django_rws_jobs_failedjob_changelist",
-                                            current_app=self.admin_site.name))
+        return HttpResponseRedirect(
+            reverse("admin:django_rws_jobs_failedjob_changelist", current_app=self.admin_site.name)
+        )

@@ -80,7 +80,8 @@ class QueueFilter(DeclaredChoicesFilter):
     parameter_name = "queue"
 
     def declared(self) -> set[str]:
-        options = [registry.get(t).options for t in registry.job_types()]
+        specs = [registry.get(t) for t in registry.job_types()]
+        options = [spec.options for spec in specs if spec is not None]
         return {"default"} | {o["queue"] for o in options if isinstance(o.get("queue"), str)}
 
 
@@ -100,7 +101,7 @@ class CappedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        return cast(QuerySet[Any], self.object_list).order_by()[:self.cap + 1].count()
+        return cast(QuerySet[Any], self.object_list).order_by()[: self.cap + 1].count()
 
     @property
     def capped(self) -> bool:
@@ -110,8 +111,9 @@ class CappedCountPaginator(Paginator):
 def _time_detail(ts: int | None) -> SafeString | str:
     if ts is None:
         return "-"
-    return format_html('{} <span class="quiet">({}; unix {})</span>',
-                       humanize.relative(ts, now()), humanize.absolute(ts), ts)
+    return format_html(
+        '{} <span class="quiet">({}; unix {})</span>', humanize.relative(ts, now()), humanize.absolute(ts), ts
+    )
 
 
 class JobDisplay(QueueDatabaseAdmin):
@@ -177,7 +179,7 @@ class JobDisplay(QueueDatabaseAdmin):
         (_("Error"), {"fields": ("error_detail", "traceback_detail")}),
         (_("Claim"), {"fields": ("locked_by", "lease_detail"), "classes": ("collapse",)}),
     )
-    readonly_fields = tuple(f for _title, opts in fieldsets for f in cast("tuple[str, ...]", opts["fields"]))
+    readonly_fields = tuple(f for _title, opts in fieldsets for f in opts["fields"])
     search_fields = ("id", "job_type", "unique_key")
     # Counting the whole table a second time for "N results (M total)" is slow on big queues.
     show_full_result_count = False
@@ -214,13 +216,20 @@ class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
         context = {**links(request, self), "title": _("Jobs")}
         return super().changelist_view(request, {**context, **(extra_context or {})})
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
-                    extra_context: dict[str, Any] | None = None) -> Any:
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> Any:
         context = links(request, self)
         refuse_nul(request, unquote(object_id))
         obj = self.get_object(request, unquote(object_id))  # the URL holds the admin-quoted id
         if obj is not None and obj.status == Status.FAILED and context["dead_letter_url"]:
-            context["dead_job_url"] = reverse("admin:django_rws_jobs_failedjob_change", args=[quote(obj.pk)],
-                                              current_app=self.admin_site.name)
+            context["dead_job_url"] = reverse(
+                "admin:django_rws_jobs_failedjob_change",
+                args=[quote(obj.pk)],
+                current_app=self.admin_site.name,
+            )
         return super().change_view(request, object_id, form_url, {**context, **(extra_context or {})})
-

@@ -78,7 +78,7 @@ def queue_stats(at: int, using: str | None = None) -> list[QueueStats]:
 
 def _capped(queryset: QuerySet[Any], at_most: int | None = None) -> int:
     """The number of rows, or COUNT_CAP + 1 (at_most) if there are more than COUNT_CAP."""
-    return queryset.order_by()[:COUNT_CAP + 1 if at_most is None else at_most].count()
+    return queryset.order_by()[: COUNT_CAP + 1 if at_most is None else at_most].count()
 
 
 def _distinct(queryset: QuerySet[Any], field: str) -> list[Any]:
@@ -122,8 +122,14 @@ def _bars(stats: list[QueueStats]) -> list[dict[str, Any]]:
             count = getattr(s, attr)
             if count:
                 # At least a sliver, so one failed job among a million pending ones is still seen.
-                segments.append({"css": css, "label": label, "count": count,
-                                 "width": f"{max(count * 100 / widest, 0.5):.2f}"})
+                segments.append(
+                    {
+                        "css": css,
+                        "label": label,
+                        "count": count,
+                        "width": f"{max(count * 100 / widest, 0.5):.2f}",
+                    }
+                )
         out.append({"queue": s.queue, "segments": segments})
     return out
 
@@ -142,30 +148,34 @@ def render(request: HttpRequest, model_admin: admin.ModelAdmin) -> TemplateRespo
     rows = []
     for s in stats:
         waited = s.waited(at)
-        rows.append({
-            "stats": s,
-            "waited": humanize.duration(waited) if waited is not None else None,
-            "waited_exact": humanize.absolute(s.oldest_due) if s.oldest_due is not None else "",
-            "pending_url": link(jobs_url, queue=s.queue, status__exact=Status.PENDING),
-            "due_url": link(jobs_url, queue=s.queue, due="now"),
-            "running_url": link(jobs_url, queue=s.queue, status__exact=Status.RUNNING),
-            "stuck_url": link(jobs_url, queue=s.queue, due="lease_expired"),
-            "failed_url": link(dead_url, queue=s.queue),
-            "shown": {f: shown(getattr(s, f)) for f in COUNTS},
-        })
+        rows.append(
+            {
+                "stats": s,
+                "waited": humanize.duration(waited) if waited is not None else None,
+                "waited_exact": humanize.absolute(s.oldest_due) if s.oldest_due is not None else "",
+                "pending_url": link(jobs_url, queue=s.queue, status__exact=str(Status.PENDING)),
+                "due_url": link(jobs_url, queue=s.queue, due="now"),
+                "running_url": link(jobs_url, queue=s.queue, status__exact=str(Status.RUNNING)),
+                "stuck_url": link(jobs_url, queue=s.queue, due="lease_expired"),
+                "failed_url": link(dead_url, queue=s.queue),
+                "shown": {f: shown(getattr(s, f)) for f in COUNTS},
+            }
+        )
     totals = {f: sum(getattr(s, f) for s in stats) for f in COUNTS}
     capped = {f for f in COUNTS if any(getattr(s, f) > COUNT_CAP for s in stats)}
     totals_shown = {f: f"{n}+" if f in capped else str(n) for f, n in totals.items()}
-    context.update({
-        **model_admin.admin_site.each_context(request),
-        "title": _("Queue overview"),
-        "subtitle": None,
-        "opts": model_admin.opts,
-        "rows": rows,
-        "totals": totals_shown,
-        "bars": _bars(stats),
-        "legend": [{"css": css, "label": label} for _attr, label, css in SEGMENTS],
-        "as_of": humanize.absolute(at),
-    })
+    context.update(
+        {
+            **model_admin.admin_site.each_context(request),
+            "title": _("Queue overview"),
+            "subtitle": None,
+            "opts": model_admin.opts,
+            "rows": rows,
+            "totals": totals_shown,
+            "bars": _bars(stats),
+            "legend": [{"css": css, "label": label} for _attr, label, css in SEGMENTS],
+            "as_of": humanize.absolute(at),
+        }
+    )
     request.current_app = model_admin.admin_site.name
     return TemplateResponse(request, "django_rws_jobs/admin/overview.html", context)

@@ -27,4 +27,6 @@ class QueueOverviewAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         if not self._may_view(request):
             raise PermissionDenied
-        return HttpResponseRedirect(reverse("admin:django_rws_jobs_job_overview", current_app=self.admin_site.name))
+        return HttpResponseRedirect(
+            reverse("admin:django_rws_jobs_job_overview", current_app=self.admin_site.name)
+        )

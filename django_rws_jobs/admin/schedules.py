@@ -34,8 +34,8 @@ class Declared:
 
 def _attach(row: JobSchedule, known: Declared) -> JobSchedule:
     # Display methods get the row alone; the declaration rides along on it.
-    row.rws_declared = known.valid.get(row.name)  # type: ignore[attr-defined]
-    row.rws_error = known.errors.get(row.name)  # type: ignore[attr-defined]
+    row.rws_declared = known.valid.get(row.name)
+    row.rws_error = known.errors.get(row.name)
     return row
 
 
@@ -56,8 +56,17 @@ class JobScheduleAdmin(QueueDatabaseAdmin):
     ordering = ("name",)
     actions = None
     change_list_template = "django_rws_jobs/admin/jobschedule_change_list.html"
-    fields = ("name", "expression", "description", "next_due_detail", "stored_cron", "job_type",
-              "payload", "options", "state")
+    fields = (
+        "name",
+        "expression",
+        "description",
+        "next_due_detail",
+        "stored_cron",
+        "job_type",
+        "payload",
+        "options",
+        "state",
+    )
     readonly_fields = fields
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
@@ -97,8 +106,12 @@ class JobScheduleAdmin(QueueDatabaseAdmin):
     @admin.display(description=gettext_lazy("next due"))
     def next_due_detail(self, row: JobSchedule) -> SafeString | str:
         ts = row.next_run_at
-        return format_html('{} <span class="quiet">({}; unix {})</span>',
-                           humanize.relative(ts, now()), humanize.absolute(ts), ts)
+        return format_html(
+            '{} <span class="quiet">({}; unix {})</span>',
+            humanize.relative(ts, now()),
+            humanize.absolute(ts),
+            ts,
+        )
 
     @admin.display(description=gettext_lazy("stored expression"))
     def stored_cron(self, row: JobSchedule) -> str:
@@ -134,13 +147,20 @@ class JobScheduleAdmin(QueueDatabaseAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         known = Declared.read()
-        stored = set(self.get_queryset(request).filter(name__in=list(known.valid) + list(known.errors))
-                     .values_list("name", flat=True))
+        stored = set(
+            self.get_queryset(request)
+            .filter(name__in=list(known.valid) + list(known.errors))
+            .values_list("name", flat=True)
+        )
         at = now()
         unstored = [
-            {"schedule": s, "description": humanize.describe_cron(s.cron),
-             "first_due": time_cell(cron.next_after(s.cron, at), at)}
-            for name, s in sorted(known.valid.items()) if name not in stored
+            {
+                "schedule": s,
+                "description": humanize.describe_cron(s.cron),
+                "first_due": time_cell(cron.next_after(s.cron, at), at),
+            }
+            for name, s in sorted(known.valid.items())
+            if name not in stored
         ]
         context = {
             **links(request, self),

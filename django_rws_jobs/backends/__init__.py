@@ -17,7 +17,9 @@ from .statements import Claimed, Sql
 
 #: The backend class per Django vendor; other databases get the base backend's standard SQL.
 BACKENDS: dict[str, type[BaseBackend]] = {
-    "sqlite": SQLiteBackend, "postgresql": PostgreSQLBackend, "mysql": MySQLBackend,
+    "sqlite": SQLiteBackend,
+    "postgresql": PostgreSQLBackend,
+    "mysql": MySQLBackend,
 }
 
 

@@ -116,8 +116,9 @@ class BaseBackend(Statements):
 
     # -- the public API's statements --------------------------------------------------------------
 
-    def insert_many(self, c: Any, rows: Iterator[list[Any]], batch_size: int, where: Callable[[], str],
-                    watched: bool) -> None:
+    def insert_many(
+        self, c: Any, rows: Iterator[list[Any]], batch_size: int, where: Callable[[], str], watched: bool
+    ) -> None:
         """enqueue_many's rows through Django's cursor ``c``; ``watched`` while execute wrappers or
         the query log see the statements (each must then go through ``c``)."""
         insert_multirow(c, rows, batch_size, self.features.max_query_params)
@@ -131,8 +132,16 @@ class BaseBackend(Statements):
 
     # -- the claim --------------------------------------------------------------------------------
 
-    def claim(self, store: Store, token: str, now: int, lease_until: int, queues: Sequence[str] | None,
-              limit: int, probe_first: bool = False) -> list[Claimed]:
+    def claim(
+        self,
+        store: Store,
+        token: str,
+        now: int,
+        lease_until: int,
+        queues: Sequence[str] | None,
+        limit: int,
+        probe_first: bool = False,
+    ) -> list[Claimed]:
         """Atomically take up to ``limit`` due jobs, in queue order, leased to ``token``.
 
         Jobs are taken priority band by priority band, highest first: the claim index makes each
@@ -172,9 +181,18 @@ class BaseBackend(Statements):
                 probe_first = True
         return taken
 
-    def claim_band(self, store: Store, c: Any, token: str, lease_until: int, now: int,
-                   queues: Sequence[str] | None, below: int | None, band: int | None,
-                   want: int) -> list[Claimed]:
+    def claim_band(
+        self,
+        store: Store,
+        c: Any,
+        token: str,
+        lease_until: int,
+        now: int,
+        queues: Sequence[str] | None,
+        below: int | None,
+        band: int | None,
+        want: int,
+    ) -> list[Claimed]:
         """Claim up to ``want`` due jobs of ``band`` (None: the top band below ``below``), in claim
         order: one UPDATE ... RETURNING."""
         select = self.claim_select("id", queues, below, band, now, want)
@@ -183,8 +201,16 @@ class BaseBackend(Statements):
         rows.sort(key=band_order_key)  # RETURNING does not keep the subquery's order
         return rows
 
-    def claim_select(self, columns: str, queues: Sequence[str] | None, below: int | None, band: int | None,
-                     now: int, want: int, after: tuple[Any, ...] | None = None) -> Sql:
+    def claim_select(
+        self,
+        columns: str,
+        queues: Sequence[str] | None,
+        below: int | None,
+        band: int | None,
+        now: int,
+        want: int,
+        after: tuple[Any, ...] | None = None,
+    ) -> Sql:
         """``band_select`` for the band ``band`` (None: the top band below ``below``), after the
         point ``after``, kept for the claims that follow within the same second: a busy queue's
         claims repeat it. With a point (new at every claim), its range (band_range) is kept. What
@@ -201,8 +227,9 @@ class BaseBackend(Statements):
             self._kept[key] = kept
         return kept if after is None else self.band_end(kept, want, after)
 
-    def find_band(self, store: Store, c: Any, queues: Sequence[str] | None, below: int | None,
-                  now: int) -> int | None:
+    def find_band(
+        self, store: Store, c: Any, queues: Sequence[str] | None, below: int | None, now: int
+    ) -> int | None:
         """The highest band below ``below`` with a due job (see due_band_select), or None."""
         store.execute(c, *self.due_band_select(queues, below, now))
         top, due, passed = c.fetchone()

@@ -7,8 +7,18 @@ from collections.abc import Iterator
 from typing import Any
 
 #: The columns of one job's INSERT parameters (api.job_params), in order.
-INSERT_COLUMNS = ("id", "job_type", "payload", "max_retries", "next_run_at", "created_at", "queue",
-                  "priority", "unique_key", "unique_hash")
+INSERT_COLUMNS = (
+    "id",
+    "job_type",
+    "payload",
+    "max_retries",
+    "next_run_at",
+    "created_at",
+    "queue",
+    "priority",
+    "unique_key",
+    "unique_hash",
+)
 INSERT_HEAD = (
     "INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
     "created_at, queue, priority, unique_key, unique_hash) VALUES "

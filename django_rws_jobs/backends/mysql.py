@@ -93,9 +93,12 @@ class MySQLBackend(BaseBackend):
         else:
             index, group, qsql = QUEUE_INDEX, "status, queue, priority", queue_filter(queues)
         due = "CASE WHEN first <= %s THEN priority END"
-        sql = Sql(f"SELECT MAX({due}), 1, MAX({due}) < MAX(priority) FROM (SELECT priority, MIN(next_run_at) "
-                  f"AS first FROM rws_jobs FORCE INDEX ({index}) "
-                  "WHERE status >= 'pending' AND status <= 'pending'", [now, now])
+        sql = Sql(
+            f"SELECT MAX({due}), 1, MAX({due}) < MAX(priority) FROM (SELECT priority, MIN(next_run_at) "
+            f"AS first FROM rws_jobs FORCE INDEX ({index}) "
+            "WHERE status >= 'pending' AND status <= 'pending'",
+            [now, now],
+        )
         return sql.join(qsql).join(below_filter(below)).add(f" GROUP BY {group}) AS bands")
 
     def private_options(self, options: dict[str, Any]) -> dict[str, Any]:
@@ -115,8 +118,9 @@ class MySQLBackend(BaseBackend):
         test_retry_and_delete_give_the_same_answer_on_every_database)."""
         return rows.filter(RawSQL("BINARY id = %s", [job_id], output_field=BooleanField()))
 
-    def insert_many(self, c: Any, rows: Iterator[list[Any]], batch_size: int, where: Callable[[], str],
-                    watched: bool) -> None:
+    def insert_many(
+        self, c: Any, rows: Iterator[list[Any]], batch_size: int, where: Callable[[], str], watched: bool
+    ) -> None:
         if self.features.bulk_insert == "pipelined" and not watched:
             insert_quoted(self.conn, c.cursor.connection, rows, batch_size, where)
         else:
@@ -127,9 +131,18 @@ class MySQLBackend(BaseBackend):
 
     # -- the claim --------------------------------------------------------------------------------
 
-    def claim_band(self, store: Store, c: Any, token: str, lease_until: int, now: int,
-                   queues: Sequence[str] | None, below: int | None, band: int | None,
-                   want: int) -> list[Claimed]:
+    def claim_band(
+        self,
+        store: Store,
+        c: Any,
+        token: str,
+        lease_until: int,
+        now: int,
+        queues: Sequence[str] | None,
+        below: int | None,
+        band: int | None,
+        want: int,
+    ) -> list[Claimed]:
         """No UPDATE ... RETURNING here: lock the band's first free rows, mark them, commit.
 
         The band is read in index order with no sort, so InnoDB locks only the rows LIMIT returns
@@ -189,8 +202,10 @@ class MySQLBackend(BaseBackend):
         if self.features.can_return_deleted:
             return super().delete_finished(store, c, token, ids)
         # MySQL has no DELETE ... RETURNING: lock what is still ours, then delete it.
-        held = (f"SELECT id FROM rws_jobs WHERE status = 'running' AND locked_by = %s "
-                f"AND id IN ({placeholders(len(ids))}) FOR UPDATE")
+        held = (
+            f"SELECT id FROM rws_jobs WHERE status = 'running' AND locked_by = %s "
+            f"AND id IN ({placeholders(len(ids))}) FOR UPDATE"
+        )
         with store.atomic():
             c.execute(held, [token, *ids])
             mine = [row[0] for row in c.fetchall()]
@@ -219,10 +234,13 @@ class _Claim:
                 seen = {job.id for job in rows}
                 rows += [job for job in self._rows(c) if job.id not in seen]
                 rows.sort(key=claim_order_key)
-                rows = rows[:self.want]
+                rows = rows[: self.want]
         if rows:
-            c.execute(f"UPDATE rws_jobs SET {CLAIM_SET} WHERE id IN ({placeholders(len(rows))})"
-                      + ("; COMMIT" if own else ""), [*self.set_params, *(job.id for job in rows)])
+            c.execute(
+                f"UPDATE rws_jobs SET {CLAIM_SET} WHERE id IN ({placeholders(len(rows))})"
+                + ("; COMMIT" if own else ""),
+                [*self.set_params, *(job.id for job in rows)],
+            )
             if own:
                 while c.nextset():
                     pass

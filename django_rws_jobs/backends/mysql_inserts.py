@@ -25,8 +25,9 @@ def max_statement_bytes(conn: Any) -> int:
     return kept[1]
 
 
-def sized_batches(rows: Iterator[Any], size: int, budget: int, nbytes: Callable[[Any], int],
-                  where: Callable[[], str]) -> Iterator[list[Any]]:
+def sized_batches(
+    rows: Iterator[Any], size: int, budget: int, nbytes: Callable[[Any], int], where: Callable[[], str]
+) -> Iterator[list[Any]]:
     """Batches of at most ``size`` rows whose values (``nbytes(row)`` each, and a separator) take
     at most ``budget`` bytes: MariaDB refuses a statement longer than its max_allowed_packet, and
     with it the whole batch (test_enqueue_many_splits_statements_by_the_servers_packet_limit)."""
@@ -46,8 +47,10 @@ def sized_batches(rows: Iterator[Any], size: int, budget: int, nbytes: Callable[
 
 
 def _too_big(n: int, limit: int) -> str:
-    return (f"its INSERT statement is about {n:,} bytes; the server's max_allowed_packet allows "
-            f"statements of {limit:,} bytes (store large payloads elsewhere, or raise the limit)")
+    return (
+        f"its INSERT statement is about {n:,} bytes; the server's max_allowed_packet allows "
+        f"statements of {limit:,} bytes (store large payloads elsewhere, or raise the limit)"
+    )
 
 
 def _literal_bytes(value: Any) -> int:
@@ -73,8 +76,9 @@ def check_insert_size(conn: Any, params: list[Any], what: str) -> None:
         raise ValueError(f"{what}: {_too_big(n, limit)}")
 
 
-def insert_sized(conn: Any, c: Any, rows: Iterator[list[Any]], batch_size: int,
-                 where: Callable[[], str]) -> None:
+def insert_sized(
+    conn: Any, c: Any, rows: Iterator[list[Any]], batch_size: int, where: Callable[[], str]
+) -> None:
     """Multi-row INSERTs through the cursor ``c``, each within the server's packet size."""
     budget = max_statement_bytes(conn) - len(INSERT_HEAD)
     for chunk in sized_batches(rows, batch_size, budget, _row_bytes, where):
@@ -87,8 +91,9 @@ def pipelines(raw: Any) -> bool:
     return hasattr(raw, "send_query") and hasattr(raw, "read_query_result") and hasattr(raw, "literal")
 
 
-def _quoted_rows(literal: Callable[[Any], bytes], rows: Iterator[list[Any]],
-                 batch_size: int) -> Iterator[bytes]:
+def _quoted_rows(
+    literal: Callable[[Any], bytes], rows: Iterator[list[Any]], batch_size: int
+) -> Iterator[bytes]:
     """Each row's VALUES tuple, quoted by the driver's ``literal``, each distinct value once a
     batch: the rows of one call mostly repeat the same job type, payload, queue, due time and
     limits. The ids are our own UUIDs (hex digits and dashes), which need no escaping."""
@@ -112,8 +117,9 @@ def _quoted_rows(literal: Callable[[Any], bytes], rows: Iterator[list[Any]],
         yield b"('" + job_id.encode() + tail
 
 
-def insert_quoted(conn: Any, raw: Any, rows: Iterator[list[Any]], batch_size: int,
-                  where: Callable[[], str]) -> None:
+def insert_quoted(
+    conn: Any, raw: Any, rows: Iterator[list[Any]], batch_size: int, where: Callable[[], str]
+) -> None:
     """Multi-row INSERTs whose values are quoted here (see _quoted_rows): mysqlclient would quote
     every parameter of every row, most of a bulk enqueue's time in the client.
 
@@ -138,7 +144,7 @@ def insert_quoted(conn: Any, raw: Any, rows: Iterator[list[Any]], batch_size: in
                 raw.read_query_result()
         finally:
             if in_flight:  # interrupted while the server worked: read its answer, so the
-                try:       # connection stays in step for the rollback that follows
+                try:  # connection stays in step for the rollback that follows
                     raw.read_query_result()
                 except Exception:
                     pass

@@ -65,10 +65,12 @@ class PostgreSQLBackend(BaseBackend):
             # the table's size and statistics (tests/test_explain.py). A plan that must sort
             # anyway (the band walk's last row) is then priced above jit_above_cost: JIT is off,
             # or PostgreSQL would compile it, many times the statement's own time.
-            cursor.execute("SELECT set_config('enable_seqscan', 'off', false), "
-                           "set_config('enable_sort', 'off', false), "
-                           "set_config('enable_incremental_sort', 'off', false), "
-                           "set_config('jit', 'off', false)")
+            cursor.execute(
+                "SELECT set_config('enable_seqscan', 'off', false), "
+                "set_config('enable_sort', 'off', false), "
+                "set_config('enable_incremental_sort', 'off', false), "
+                "set_config('jit', 'off', false)"
+            )
             if not jobs_settings.WORKER_SYNCHRONOUS_COMMIT:
                 # Claims and outcomes need not wait for the WAL flush: a database crash can only
                 # undo the last of them, and an undone claim or outcome makes a job run again
@@ -90,11 +92,15 @@ class PostgreSQLBackend(BaseBackend):
         # Only where private_options() turned on server-side binding, so OPTIONS
         # ["server_side_binding"] = False (behind a pooler) turns this off too.
         conn = self.conn
-        return (getattr(conn, "rws_private", False) and _is_psycopg3()
-                and conn.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True)
+        return (
+            getattr(conn, "rws_private", False)
+            and _is_psycopg3()
+            and conn.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True
+        )
 
-    def insert_many(self, c: Any, rows: Iterator[list[Any]], batch_size: int, where: Callable[[], str],
-                    watched: bool) -> None:
+    def insert_many(
+        self, c: Any, rows: Iterator[list[Any]], batch_size: int, where: Callable[[], str], watched: bool
+    ) -> None:
         if self.features.bulk_insert != "copy" or watched:
             return super().insert_many(c, rows, batch_size, where, watched)
         # COPY streams the rows: several times faster than multi-row INSERTs (docs/benchmarks.md).

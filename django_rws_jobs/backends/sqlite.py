@@ -91,8 +91,13 @@ class SQLiteBackend(BaseBackend):
         from django.core.checks import Error
 
         if sqlite3.sqlite_version_info < (3, 35):
-            return [Error(f"SQLite {sqlite3.sqlite_version} is too old for django-rws-jobs; it needs 3.35 or "
-                          "newer (UPDATE ... RETURNING)", id="rws_jobs.E013")]
+            return [
+                Error(
+                    f"SQLite {sqlite3.sqlite_version} is too old for django-rws-jobs; it needs 3.35 or "
+                    "newer (UPDATE ... RETURNING)",
+                    id="rws_jobs.E013",
+                )
+            ]
         return []
 
 

@@ -179,8 +179,15 @@ class Statements:
 
     # -- the claim --------------------------------------------------------------------------------
 
-    def band_select(self, columns: str, queues: Sequence[str] | None, band: Sql, now: int, limit: int,
-                    after: tuple[Any, ...] | None = None) -> Sql:
+    def band_select(
+        self,
+        columns: str,
+        queues: Sequence[str] | None,
+        band: Sql,
+        now: int,
+        limit: int,
+        after: tuple[Any, ...] | None = None,
+    ) -> Sql:
         """Due jobs of the band ``band`` (a predicate on priority: ``in_band`` or ``in_top_band``)
         in claim order, after the point ``after`` if given: one range of the claim index,
         stopped by LIMIT.
@@ -194,8 +201,9 @@ class Statements:
 
     def band_range(self, columns: str, queues: Sequence[str] | None, band: Sql, now: int) -> Sql:
         """band_select up to its start point and order."""
-        sql = Sql(f"SELECT {columns} FROM rws_jobs{self.claim_index_hint(queues)} "
-                  "WHERE status = 'pending' AND ")
+        sql = Sql(
+            f"SELECT {columns} FROM rws_jobs{self.claim_index_hint(queues)} WHERE status = 'pending' AND "
+        )
         return sql.join(band).add(" AND next_run_at <= %s", now).join(self.claim_queue_filter(queues))
 
     def band_end(self, band_range: Sql, limit: int, after: tuple[Any, ...] | None = None) -> Sql:
@@ -243,8 +251,15 @@ class Statements:
         # with NOT EXISTS). In the claim's whole order, which only the claim index has.
         first = Sql("(SELECT next_run_at FROM rws_jobs WHERE status = 'pending' AND priority = bands.p")
         first.join(qsql).add(f" ORDER BY {BAND_ORDER} LIMIT 1)")
-        sql = Sql("WITH RECURSIVE bands (p, n) AS (SELECT (SELECT MAX(priority) FROM rws_jobs WHERE "
-                  "status = 'pending'").join(below_filter(below)).join(qsql).add("), 1 UNION ALL ")
+        sql = (
+            Sql(
+                "WITH RECURSIVE bands (p, n) AS (SELECT (SELECT MAX(priority) FROM rws_jobs WHERE "
+                "status = 'pending'"
+            )
+            .join(below_filter(below))
+            .join(qsql)
+            .add("), 1 UNION ALL ")
+        )
         sql.add("SELECT (SELECT MAX(priority) FROM rws_jobs WHERE status = 'pending' AND priority < bands.p")
         sql.join(qsql).add("), n + 1 ")
         sql.add(f"FROM bands WHERE bands.p IS NOT NULL AND n < {MAX_BAND_WALK} AND ").join(first)
@@ -253,8 +268,10 @@ class Statements:
 
     def any_due_select(self, queues: Sequence[str] | None, now: int) -> Sql:
         """Read-only: is any job due? One probe of the due index, however many bands there are."""
-        sql = Sql(f"SELECT 1 FROM rws_jobs{self.due_index_hint()} "
-                  "WHERE status = 'pending' AND next_run_at <= %s", [now])
+        sql = Sql(
+            f"SELECT 1 FROM rws_jobs{self.due_index_hint()} WHERE status = 'pending' AND next_run_at <= %s",
+            [now],
+        )
         return sql.join(queue_filter(queues)).add(" LIMIT 1")
 
     def top_due_band_select(self, queues: Sequence[str] | None, below: int | None, now: int) -> Sql:
@@ -264,8 +281,11 @@ class Statements:
 
     def due_rows(self, columns: str, queues: Sequence[str] | None, below: int | None, now: int) -> Sql:
         """``columns`` of the due rows (below ``below``), read from the due index."""
-        sql = Sql(f"SELECT {columns} FROM rws_jobs{self.due_index_hint()} WHERE status = 'pending' "
-                  "AND next_run_at <= %s", [now])
+        sql = Sql(
+            f"SELECT {columns} FROM rws_jobs{self.due_index_hint()} WHERE status = 'pending' "
+            "AND next_run_at <= %s",
+            [now],
+        )
         return sql.join(below_filter(below)).join(queue_filter(queues))
 
     # -- completions and leases -------------------------------------------------------------------
@@ -277,16 +297,24 @@ class Statements:
         the claim index's 'running' entries, the deleted rows' too (tests/test_explain.py
         assert_completion_by_primary_key).
         """
-        return Sql(f"DELETE FROM rws_jobs WHERE id IN ({placeholders(len(ids))}) AND locked_by = %s "
-                   "AND (status = 'running') IS TRUE", [*ids, token])
+        return Sql(
+            f"DELETE FROM rws_jobs WHERE id IN ({placeholders(len(ids))}) AND locked_by = %s "
+            "AND (status = 'running') IS TRUE",
+            [*ids, token],
+        )
 
     def renew_update(self, tokens: Sequence[str], until: int) -> Sql:
         held = f"locked_by IN ({placeholders(len(tokens))})"
-        return Sql(f"UPDATE rws_jobs{self.running_index_hint()} SET locked_until = %s "
-                   f"WHERE status = 'running' AND {held}", [until, *tokens])
+        return Sql(
+            f"UPDATE rws_jobs{self.running_index_hint()} SET locked_until = %s "
+            f"WHERE status = 'running' AND {held}",
+            [until, *tokens],
+        )
 
     def expired_select(self, now: int, limit: int) -> Sql:
         """Running jobs whose lease ran out, each row a Claimed's fields with its holder as token."""
-        return Sql(f"SELECT {CLAIM_COLUMNS}, locked_by FROM rws_jobs{self.running_index_hint()} "
-                   "WHERE status = 'running' AND locked_until < %s ORDER BY locked_until LIMIT %s",
-                   [now, limit])
+        return Sql(
+            f"SELECT {CLAIM_COLUMNS}, locked_by FROM rws_jobs{self.running_index_hint()} "
+            "WHERE status = 'running' AND locked_until < %s ORDER BY locked_until LIMIT %s",
+            [now, limit],
+        )

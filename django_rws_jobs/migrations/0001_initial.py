@@ -6,68 +6,98 @@ from django_rws_jobs.adopt import CreateOrAdoptModel
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         # The tables may exist already, created by rust-web-server: then they are adopted (adopt.py; tests/test_adopt.py).
         CreateOrAdoptModel(
-            name='JobSchedule',
+            name="JobSchedule",
             fields=[
-                ('name', models.CharField(max_length=191, primary_key=True, serialize=False)),
-                ('next_run_at', models.BigIntegerField(help_text='unix seconds: next unclaimed due time')),
-                ('cron', models.CharField(blank=True, max_length=255, null=True)),
+                ("name", models.CharField(max_length=191, primary_key=True, serialize=False)),
+                ("next_run_at", models.BigIntegerField(help_text="unix seconds: next unclaimed due time")),
+                ("cron", models.CharField(blank=True, max_length=255, null=True)),
             ],
             options={
-                'verbose_name': 'schedule',
-                'verbose_name_plural': 'schedules',
-                'db_table': 'rws_job_schedules',
+                "verbose_name": "schedule",
+                "verbose_name_plural": "schedules",
+                "db_table": "rws_job_schedules",
             },
         ),
         CreateOrAdoptModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.CharField(max_length=64, primary_key=True, serialize=False)),
-                ('job_type', models.TextField()),
-                ('payload', models.TextField(blank=True, db_default='', default='')),
-                ('status', models.CharField(choices=[('pending', 'pending'), ('running', 'running'), ('failed', 'failed')], db_default='pending', default='pending', max_length=16)),
-                ('attempts', models.IntegerField(db_default=0, default=0, help_text='attempts that failed so far')),
-                ('max_retries', models.IntegerField(db_default=3, default=3, help_text='retries allowed after the first attempt')),
-                ('next_run_at', models.BigIntegerField(help_text='unix seconds: when it is (or was last) due')),
-                ('created_at', models.BigIntegerField(help_text='unix seconds')),
-                ('last_error', models.TextField(blank=True, null=True)),
-                ('queue', models.CharField(db_default='default', default='default', max_length=64)),
-                ('priority', models.BigIntegerField(db_default=0, default=0, help_text='higher runs first')),
-                ('unique_key', models.CharField(blank=True, max_length=191, null=True)),
-                ('unique_hash', models.CharField(blank=True, editable=False, max_length=64, null=True)),
-                ('locked_by', models.CharField(blank=True, max_length=128, null=True)),
-                ('locked_until', models.BigIntegerField(blank=True, null=True)),
-                ('started_at', models.BigIntegerField(blank=True, help_text='unix seconds: last claim', null=True)),
-                ('failed_at', models.BigIntegerField(blank=True, help_text='unix seconds: moved to dead', null=True)),
-                ('traceback', models.TextField(blank=True, null=True)),
+                ("id", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                ("job_type", models.TextField()),
+                ("payload", models.TextField(blank=True, db_default="", default="")),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[("pending", "pending"), ("running", "running"), ("failed", "failed")],
+                        db_default="pending",
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                (
+                    "attempts",
+                    models.IntegerField(db_default=0, default=0, help_text="attempts that failed so far"),
+                ),
+                (
+                    "max_retries",
+                    models.IntegerField(
+                        db_default=3, default=3, help_text="retries allowed after the first attempt"
+                    ),
+                ),
+                (
+                    "next_run_at",
+                    models.BigIntegerField(help_text="unix seconds: when it is (or was last) due"),
+                ),
+                ("created_at", models.BigIntegerField(help_text="unix seconds")),
+                ("last_error", models.TextField(blank=True, null=True)),
+                ("queue", models.CharField(db_default="default", default="default", max_length=64)),
+                ("priority", models.BigIntegerField(db_default=0, default=0, help_text="higher runs first")),
+                ("unique_key", models.CharField(blank=True, max_length=191, null=True)),
+                ("unique_hash", models.CharField(blank=True, editable=False, max_length=64, null=True)),
+                ("locked_by", models.CharField(blank=True, max_length=128, null=True)),
+                ("locked_until", models.BigIntegerField(blank=True, null=True)),
+                (
+                    "started_at",
+                    models.BigIntegerField(blank=True, help_text="unix seconds: last claim", null=True),
+                ),
+                (
+                    "failed_at",
+                    models.BigIntegerField(blank=True, help_text="unix seconds: moved to dead", null=True),
+                ),
+                ("traceback", models.TextField(blank=True, null=True)),
             ],
             options={
-                'verbose_name': 'job',
-                'verbose_name_plural': 'jobs',
-                'db_table': 'rws_jobs',
-                'indexes': [models.Index(fields=['status', 'priority', 'next_run_at', 'created_at', 'id'], name='rws_jobs_claim_idx'), models.Index(fields=['status', 'locked_until'], name='rws_jobs_lease_idx')],
-                'constraints': [models.UniqueConstraint(fields=('unique_hash',), name='rws_jobs_unique_active')],
+                "verbose_name": "job",
+                "verbose_name_plural": "jobs",
+                "db_table": "rws_jobs",
+                "indexes": [
+                    models.Index(
+                        fields=["status", "priority", "next_run_at", "created_at", "id"],
+                        name="rws_jobs_claim_idx",
+                    ),
+                    models.Index(fields=["status", "locked_until"], name="rws_jobs_lease_idx"),
+                ],
+                "constraints": [
+                    models.UniqueConstraint(fields=("unique_hash",), name="rws_jobs_unique_active")
+                ],
             },
         ),
         migrations.CreateModel(
-            name='FailedJob',
-            fields=[
-            ],
+            name="FailedJob",
+            fields=[],
             options={
-                'verbose_name': 'dead job',
-                'verbose_name_plural': 'dead-letter list',
-                'proxy': True,
-                'indexes': [],
-                'constraints': [],
+                "verbose_name": "dead job",
+                "verbose_name_plural": "dead-letter list",
+                "proxy": True,
+                "indexes": [],
+                "constraints": [],
             },
-            bases=('django_rws_jobs.job',),
+            bases=("django_rws_jobs.job",),
         ),
     ]

@@ -4,24 +4,22 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('django_rws_jobs', '0002_notify_trigger'),
+        ("django_rws_jobs", "0002_notify_trigger"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='QueueOverview',
-            fields=[
-            ],
+            name="QueueOverview",
+            fields=[],
             options={
-                'verbose_name': 'queue overview',
-                'verbose_name_plural': 'queue overview',
-                'proxy': True,
-                'default_permissions': (),
-                'indexes': [],
-                'constraints': [],
+                "verbose_name": "queue overview",
+                "verbose_name_plural": "queue overview",
+                "proxy": True,
+                "default_permissions": (),
+                "indexes": [],
+                "constraints": [],
             },
-            bases=('django_rws_jobs.job',),
+            bases=("django_rws_jobs.job",),
         ),
     ]

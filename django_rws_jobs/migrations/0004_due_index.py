@@ -4,14 +4,13 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('django_rws_jobs', '0003_queue_overview'),
+        ("django_rws_jobs", "0003_queue_overview"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['status', 'next_run_at', 'priority'], name='rws_jobs_due_idx'),
+            model_name="job",
+            index=models.Index(fields=["status", "next_run_at", "priority"], name="rws_jobs_due_idx"),
         ),
     ]

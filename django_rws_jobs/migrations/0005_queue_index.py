@@ -4,14 +4,16 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('django_rws_jobs', '0004_due_index'),
+        ("django_rws_jobs", "0004_due_index"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(fields=['status', 'queue', 'priority', 'next_run_at', 'created_at', 'id'], name='rws_jobs_queue_idx'),
+            model_name="job",
+            index=models.Index(
+                fields=["status", "queue", "priority", "next_run_at", "created_at", "id"],
+                name="rws_jobs_queue_idx",
+            ),
         ),
     ]

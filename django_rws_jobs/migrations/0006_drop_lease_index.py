@@ -5,14 +5,13 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('django_rws_jobs', '0005_queue_index'),
+        ("django_rws_jobs", "0005_queue_index"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='job',
-            name='rws_jobs_lease_idx',
+            model_name="job",
+            name="rws_jobs_lease_idx",
         ),
     ]

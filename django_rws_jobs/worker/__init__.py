@@ -19,5 +19,15 @@ from .scheduler import Scheduler
 from .shared import Shared
 from .supervisor import Worker
 
-__all__ = ["Completer", "Dispatcher", "Executor", "LeaseKeeper", "Listener", "Scheduler", "Shared", "Worker",
-           "claim_token", "worker_id"]
+__all__ = [
+    "Completer",
+    "Dispatcher",
+    "Executor",
+    "LeaseKeeper",
+    "Listener",
+    "Scheduler",
+    "Shared",
+    "Worker",
+    "claim_token",
+    "worker_id",
+]

@@ -60,18 +60,26 @@ class Completer:
         try:
             succeeded = [job for job, error, _ in items if error is None]
             if succeeded:
-                done = self.db.until(deadline, lambda c: c.store().complete_many(succeeded),
-                                     "recording finished jobs")
+                done = self.db.until(
+                    deadline, lambda c: c.store().complete_many(succeeded), "recording finished jobs"
+                )
                 results += outcomes(succeeded, done)
             for job, error, tb in items:
                 if error is not None:
                     results.append(self._record_failure(deadline, job, error, tb))
         except DatabaseError as exc:
-            logger.error("could not record %d job outcome(s): %s; their leases will expire and "
-                         "another worker will run them again", len(items), exc)
+            logger.error(
+                "could not record %d job outcome(s): %s; their leases will expire and "
+                "another worker will run them again",
+                len(items),
+                exc,
+            )
         except Exception:  # a bug must not kill the completer with every later outcome waiting
-            logger.exception("could not record %d job outcome(s); their leases will expire and "
-                             "another worker will run them again", len(items))
+            logger.exception(
+                "could not record %d job outcome(s); their leases will expire and "
+                "another worker will run them again",
+                len(items),
+            )
         finally:
             self.shared.let_go([job for job, _, _ in items])
         self.shared.stats.add(results)
@@ -86,6 +94,10 @@ class Completer:
         try:
             return record_or_fallback(call, job, error, tb)
         except Exception:
-            logger.exception("could not record the failure of job %s (%s); its lease will expire and "
-                             "another worker will run it again", job.id, job.job_type)
+            logger.exception(
+                "could not record the failure of job %s (%s); its lease will expire and "
+                "another worker will run it again",
+                job.id,
+                job.job_type,
+            )
             return "lost"

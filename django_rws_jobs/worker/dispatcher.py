@@ -23,8 +23,16 @@ class Dispatcher:
     transaction (features.deletes_with_claim). With ``burst`` it stops once nothing is due and
     nothing runs; with ``max_jobs`` once it claimed that many and they are done."""
 
-    def __init__(self, shared: Shared, features: BaseFeatures, *, queues: list[str] | None, burst: bool,
-                 max_jobs: int | None, poll_interval: float):
+    def __init__(
+        self,
+        shared: Shared,
+        features: BaseFeatures,
+        *,
+        queues: list[str] | None,
+        burst: bool,
+        max_jobs: int | None,
+        poll_interval: float,
+    ):
         self.shared = shared
         self.features = features
         self.queues = queues
@@ -89,8 +97,11 @@ class Dispatcher:
         token = claim_token()
         try:
             done, claimed = self.db.until_stopped(
-                lambda c: c.store().finish_and_claim(finished, token, now, lease_end, self.queues, n,
-                                                     probe_first=idle), "claiming")
+                lambda c: c.store().finish_and_claim(
+                    finished, token, now, lease_end, self.queues, n, probe_first=idle
+                ),
+                "claiming",
+            )
         except DatabaseError as exc:
             shared.to_completer(finished)
             if not is_transient(exc):

@@ -33,8 +33,9 @@ class Scheduler:
         if not schedules:
             self.stop.wait()  # stay alive: the worker restarts a scheduler thread that returns early
             return
-        logger.info("scheduler running %d schedule(s): %s", len(schedules),
-                    ", ".join(s.name for s in schedules))
+        logger.info(
+            "scheduler running %d schedule(s): %s", len(schedules), ", ".join(s.name for s in schedules)
+        )
         try:
             while True:
                 self.run_once(schedules)
@@ -48,6 +49,7 @@ class Scheduler:
         try:
             return self.db.once(
                 lambda c: tick_schedules(now, using=c.connection().alias, schedules=schedules),
-                "ticking the schedules")
+                "ticking the schedules",
+            )
         except DatabaseError:
             return 0  # logged by Retry; the next second tries again

@@ -36,8 +36,17 @@ class Stats:
 def fix_hint(exc: BaseException) -> str:
     """What to do about a permanent error, where its message says."""
     text = str(exc).lower()
-    if any(m in text for m in ("no such table", "does not exist", "doesn't exist", "no such column",
-                               "unknown column", "has no column")):
+    if any(
+        m in text
+        for m in (
+            "no such table",
+            "does not exist",
+            "doesn't exist",
+            "no such column",
+            "unknown column",
+            "has no column",
+        )
+    ):
         return " (have the migrations run? python manage.py migrate django_rws_jobs)"
     if any(m in text for m in ("denied", "permission", "not authorized", "readonly", "read-only")):
         return " (the database user needs to read and write rws_jobs and rws_job_schedules)"
@@ -81,8 +90,12 @@ class Shared:
         """Stop with exit code 1 after an error that retrying cannot fix (a missing table, a
         permission): waiting would only hide it
         (tests/test_faults.py::test_a_worker_without_its_tables_fails_fast)."""
-        logger.critical("stopping: the database refused %s with an error that retrying cannot fix: %s%s",
-                        what, exc, fix_hint(exc))
+        logger.critical(
+            "stopping: the database refused %s with an error that retrying cannot fix: %s%s",
+            what,
+            exc,
+            fix_hint(exc),
+        )
         self.exit_code = 1
         self.stop_all()
 
@@ -118,14 +131,18 @@ class Shared:
 
 
 def outcomes(succeeded: list[Claimed], done: set[str]) -> list[str]:
-    """"done" for each succeeded job whose deletion ``done`` confirms, else "lost" (logged)."""
+    """ "done" for each succeeded job whose deletion ``done`` confirms, else "lost" (logged)."""
     result = []
     for job in succeeded:
         if job.id in done:
             result.append("done")
         else:
             result.append("lost")
-            logger.warning("job %s (%s): result 'done' dropped: claim %s no longer holds it "
-                           "(its lease expired and another worker took it over)",
-                           job.id, job.job_type, job.token)
+            logger.warning(
+                "job %s (%s): result 'done' dropped: claim %s no longer holds it "
+                "(its lease expired and another worker took it over)",
+                job.id,
+                job.job_type,
+                job.token,
+            )
     return result

@@ -121,8 +121,9 @@ class Worker:
         """Take back the jobs of lost workers; False when the worker is not to start."""
         holder = Connection(self.alias)
         try:
-            taken = Retry(holder, self.shared.stop).until_stopped(lambda c: recover(c.store()),
-                                                                  "recovering at start")
+            taken = Retry(holder, self.shared.stop).until_stopped(
+                lambda c: recover(c.store()), "recovering at start"
+            )
             if taken:
                 logger.warning("took back %d job(s) whose worker was lost", taken)
         except DatabaseError as exc:
@@ -141,10 +142,16 @@ class Worker:
         """Thread name -> the role's loop. A restarted thread runs a new role object."""
         shared = self.shared
         roles: dict[str, Callable[[], None]] = {
-            f"rws-job-{i}": lambda: Executor(shared).loop() for i in range(self.threads)}
+            f"rws-job-{i}": lambda: Executor(shared).loop() for i in range(self.threads)
+        }
         roles["rws-dispatcher"] = lambda: Dispatcher(
-            shared, self.features, queues=self.queues, burst=self.burst, max_jobs=self.max_jobs,
-            poll_interval=self.poll_interval).loop()
+            shared,
+            self.features,
+            queues=self.queues,
+            burst=self.burst,
+            max_jobs=self.max_jobs,
+            poll_interval=self.poll_interval,
+        ).loop()
         roles["rws-completer"] = lambda: Completer(shared).loop()
         roles["rws-keeper"] = self._keeper.loop
         if self.run_schedules and not self.burst:
@@ -178,8 +185,11 @@ class Worker:
                     continue
                 deaths[name] = deaths.get(name, 0) + 1 if now - self._started[name] < RESPAWN_QUICK else 1
                 delay = min(2.0 ** (deaths[name] - 2), RESPAWN_DELAY_MAX) if deaths[name] > 1 else 0.0
-                logger.error("worker thread %s stopped; starting a new one%s", name,
-                             f" in {delay:g}s (it stopped {deaths[name]} times in a row)" if delay else "")
+                logger.error(
+                    "worker thread %s stopped; starting a new one%s",
+                    name,
+                    f" in {delay:g}s (it stopped {deaths[name]} times in a row)" if delay else "",
+                )
                 restart_at[name] = now + delay
             for name, at in list(restart_at.items()):
                 if now >= at:
@@ -216,8 +226,13 @@ class Worker:
             why = f"interrupted: it did not finish within SHUTDOWN_TIMEOUT ({timeout:g}s)"
             shared.hand_back(unfinished, why)
         stats = shared.stats
-        logger.info("worker stopped: %d done, %d retried, %d dead, %d results dropped",
-                    stats.done, stats.retried, stats.dead, stats.lost)
+        logger.info(
+            "worker stopped: %d done, %d retried, %d dead, %d results dropped",
+            stats.done,
+            stats.retried,
+            stats.dead,
+            stats.lost,
+        )
         return shared.exit_code
 
     def _unfinished(self) -> list[Claimed]:

@@ -16,8 +16,9 @@ def home(request: HttpRequest) -> HttpResponse:
 def place_order(request: HttpRequest) -> HttpResponse:
     # The order and its receipt job commit together, or not at all.
     with transaction.atomic():
-        order = Order.objects.create(email=request.POST.get("email") or "buyer@example.com",
-                                     item=request.POST.get("item") or "teapot")
+        order = Order.objects.create(
+            email=request.POST.get("email") or "buyer@example.com", item=request.POST.get("item") or "teapot"
+        )
         enqueue("shop.send_receipt", str(order.pk), unique=f"receipt:{order.pk}")
     return redirect("home")
 

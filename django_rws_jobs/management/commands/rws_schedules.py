@@ -22,13 +22,17 @@ def _when(t: int, now: int) -> str:
 
 def _table(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
-            for row in rows]
+    return [
+        "  " + "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+        for row in rows
+    ]
 
 
 class Command(BaseCommand):
-    help = ("List the cron schedules declared in RWS_JOBS['SCHEDULES'] and on @job(schedule=...) with their "
-            "next due time (UTC), the rows of rws_job_schedules that no schedule here declares, and errors.")
+    help = (
+        "List the cron schedules declared in RWS_JOBS['SCHEDULES'] and on @job(schedule=...) with their "
+        "next due time (UTC), the rows of rws_job_schedules that no schedule here declares, and errors."
+    )
     requires_system_checks: list[str] = []  # it shows schedule errors itself
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -66,8 +70,9 @@ class Command(BaseCommand):
         if errors:
             for error in errors:
                 self.stderr.write(f"{error} ({error.check_id})")
-            raise CommandError(f"{len(errors)} schedule error(s); workers refuse to start until they are "
-                               "fixed")
+            raise CommandError(
+                f"{len(errors)} schedule error(s); workers refuse to start until they are fixed"
+            )
 
     def _next_due(self, schedule: Any, row: JobSchedule | None, now: int) -> str:
         if row is None:
@@ -75,6 +80,8 @@ class Command(BaseCommand):
         if row.next_run_at <= now:
             return f"{_when(row.next_run_at, now)}: due, enqueued at the next tick"
         if row.cron != schedule.cron:
-            return (f"{_when(schedule.next_after(now), now)} (the row still says "
-                    f"{_when(row.next_run_at, now)} for {row.cron!r}; the next tick updates it)")
+            return (
+                f"{_when(schedule.next_after(now), now)} (the row still says "
+                f"{_when(row.next_run_at, now)} for {row.cron!r}; the next tick updates it)"
+            )
         return _when(row.next_run_at, now)

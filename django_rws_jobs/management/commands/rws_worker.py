@@ -52,22 +52,45 @@ class Command(BaseCommand):
     requires_system_checks = [Tags.models, "rws_jobs"]
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--workers", "-w", type=_positive_int, default=1,
-                            help="worker threads per process (default 1)")
-        parser.add_argument("--processes", "-p", type=_positive_int, default=1,
-                            help="worker processes, each with --workers threads, to use several cores "
-                                 "(default 1)")
-        parser.add_argument("--queues", "-q", default=None,
-                            help="comma-separated queues to run (default: all; given, it must name one)")
+        parser.add_argument(
+            "--workers", "-w", type=_positive_int, default=1, help="worker threads per process (default 1)"
+        )
+        parser.add_argument(
+            "--processes",
+            "-p",
+            type=_positive_int,
+            default=1,
+            help="worker processes, each with --workers threads, to use several cores (default 1)",
+        )
+        parser.add_argument(
+            "--queues",
+            "-q",
+            default=None,
+            help="comma-separated queues to run (default: all; given, it must name one)",
+        )
         parser.add_argument("--burst", action="store_true", help="exit 0 once nothing is due")
-        parser.add_argument("--max-jobs", type=_positive_int, default=None,
-                            help="stop after this many jobs (per process)")
-        parser.add_argument("--poll-interval", type=float, default=None,
-                            help="seconds an idle worker waits before looking again (default: POLL_INTERVAL)")
-        parser.add_argument("--schedules", dest="schedules", action="store_true", default=None,
-                            help="run cron schedules (default: on, off with --burst)")
-        parser.add_argument("--no-schedules", dest="schedules", action="store_false",
-                            help="do not run cron schedules in this process")
+        parser.add_argument(
+            "--max-jobs", type=_positive_int, default=None, help="stop after this many jobs (per process)"
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=float,
+            default=None,
+            help="seconds an idle worker waits before looking again (default: POLL_INTERVAL)",
+        )
+        parser.add_argument(
+            "--schedules",
+            dest="schedules",
+            action="store_true",
+            default=None,
+            help="run cron schedules (default: on, off with --burst)",
+        )
+        parser.add_argument(
+            "--no-schedules",
+            dest="schedules",
+            action="store_false",
+            help="do not run cron schedules in this process",
+        )
         parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -80,8 +103,13 @@ class Command(BaseCommand):
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from None
         settings = dict(
-            threads=options["workers"], queues=queues, burst=options["burst"], max_jobs=options["max_jobs"],
-            poll_interval=options["poll_interval"], schedules=options["schedules"], using=alias,
+            threads=options["workers"],
+            queues=queues,
+            burst=options["burst"],
+            max_jobs=options["max_jobs"],
+            poll_interval=options["poll_interval"],
+            schedules=options["schedules"],
+            using=alias,
         )
         if options["processes"] > 1:
             code = self._run_processes(options["processes"], settings)
@@ -95,8 +123,12 @@ class Command(BaseCommand):
         worker.install_signal_handlers()
         logging.getLogger("django_rws_jobs").info(
             "worker %s starting: %d thread(s), queues %s, database %r, lease %ss%s%s",
-            worker_id(), worker.threads, ",".join(worker.queues) if worker.queues else "(all)", worker.alias,
-            jobs_settings.LEASE_SECONDS, ", burst" if worker.burst else "",
+            worker_id(),
+            worker.threads,
+            ",".join(worker.queues) if worker.queues else "(all)",
+            worker.alias,
+            jobs_settings.LEASE_SECONDS,
+            ", burst" if worker.burst else "",
             ", schedules on" if worker.run_schedules else "",
         )
         return worker.run()
