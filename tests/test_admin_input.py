@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import django_rws_jobs as rws
-from django_rws_jobs import api
+from django_rws_jobs import api, dead_letters
 from django_rws_jobs.models import Job, JobSchedule
 from tests.test_admin import DEAD, JOBS, OVERVIEW, SCHEDULES, make_job, messages_of, now
 
@@ -205,7 +205,7 @@ def test_retry_many_keeps_retry_semantics():
     # A seed writer leaves the key's hash on a failed row: the row holds its own key.
     make_job("seeded", status="failed", unique_key="k4", unique_hash=api.unique_hash("test.record", "k4"))
     make_job("alive")
-    retried, blocked = api.retry_many(
+    retried, blocked = dead_letters.retry_many(
         ["plain", "keyed", "held", "twin1", "twin2", "seeded", "alive", "nope"], now=t + 7
     )
     assert sorted(retried) == ["keyed", "plain", "seeded", "twin1"]
@@ -228,7 +228,7 @@ def test_retry_many_keeps_retry_semantics():
 
 def test_retry_many_refuses_a_bare_string():
     with pytest.raises(TypeError, match="iterable of ids"):
-        api.retry_many("abc")
+        dead_letters.retry_many("abc")
 
 
 def _retry_all_queries(admin_client, n: int) -> int:
@@ -260,7 +260,7 @@ def _retry_all_queries(admin_client, n: int) -> int:
 def test_retry_all_takes_a_bounded_number_of_queries(admin_client):
     """Retrying N dead jobs costs a few statements per batch of ids, not several per job: 2,000
     jobs took 9,000+ queries and 13 s on PostgreSQL."""
-    batch = api._retry_batch_size(connection)
+    batch = dead_letters._retry_batch_size(connection)
     few = _retry_all_queries(admin_client, 5)
     assert _retry_all_queries(admin_client, batch) <= few + 2  # the log entries' own batches
     assert _retry_all_queries(admin_client, 3 * batch) <= 3 * few

@@ -23,7 +23,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from .. import api
+from .. import api, dead_letters
 from ..db import queue_alias
 from ..models import FailedJob, Job, Status
 from .common import links, now, refuse_nul
@@ -123,10 +123,10 @@ class FailedJobAdmin(JobDisplay):
             self.message_user(request, _("No dead job was retried: the list is empty."), messages.WARNING)
 
     def retry_jobs(self, request: HttpRequest, ids: list[str]) -> None:
-        """Retry the jobs with api.retry_many (a few statements per batch of ids, whatever their
+        """Retry the jobs with dead_letters.retry_many (a few statements per batch of ids, whatever their
         number) and report what changed and what was skipped, and why."""
         alias = queue_alias()
-        retried, blocked = api.retry_many(ids, using=alias)
+        retried, blocked = dead_letters.retry_many(ids, using=alias)
         done = set(retried + blocked)
         vanished = [job_id for job_id in ids if job_id not in done]
         self.log_jobs(request, CHANGE, retried)

@@ -1,0 +1,100 @@
+"""Retrying many dead jobs at once: a few statements per batch of ids (the admin's retry-all)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import Case, Value, When
+
+from .api import retry, unique_hash
+from .backends import backend_for
+from .db import queue_alias
+from .models import Job, Status
+from .validation import job_id as _job_id
+from .validation import show
+
+#: Rows per retry_many statement at most: an id in the IN list and up to two CASE parameters
+#: each, fewer where a SQLite build allows fewer parameters (_retry_batch_size).
+RETRY_BATCH = 1000
+
+
+def retry_many(
+    job_ids: Iterable[str], *, using: str | None = None, now: int | None = None
+) -> tuple[list[str], list[str]]:
+    """``retry`` for many jobs, a few statements per batch of ids instead of several per job.
+
+    Returns (retried, blocked): the failed jobs put back, due now with attempts reset, and the
+    failed jobs left alone because another job holds their unique key (as ``retry`` leaves them).
+    Ids of no failed job are in neither. Each batch commits on its own.
+    """
+    if isinstance(job_ids, str):
+        raise TypeError(f"job_ids must be an iterable of ids, not the str {show(job_ids)}")
+    ids = [_job_id(i) for i in dict.fromkeys(job_ids)]
+    alias = queue_alias(using)
+    now = int(time.time()) if now is None else now
+    retried: list[str] = []
+    blocked: list[str] = []
+    size = _retry_batch_size(connections[alias])
+    for start in range(0, len(ids), size):
+        done, held = _retry_batch(alias, ids[start : start + size], now)
+        retried += done
+        blocked += held
+    return retried, blocked
+
+
+def _retry_batch_size(conn: Any) -> int:
+    """Ids per batch: each takes up to three parameters (in the IN list and in the CASE)."""
+    limit = backend_for(conn).features.max_query_params
+    return RETRY_BATCH if limit is None else max(min(RETRY_BATCH, limit // 3), 1)
+
+
+def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[str]]:
+    """One batch of retry_many, in one transaction: lock the failed rows, leave out those whose
+    unique key another row holds, put the rest back in one UPDATE. Pinned by
+    tests/test_admin_input.py::test_retry_all_takes_a_bounded_number_of_queries."""
+    jobs = Job.objects.using(alias)
+    with transaction.atomic(using=alias):
+        rows = list(
+            jobs.select_for_update()
+            .filter(id__in=ids, status=Status.FAILED)
+            .values_list("id", "job_type", "unique_key")
+        )
+        digests = {job_id: unique_hash(t, k) for job_id, t, k in rows if k is not None}
+        holders = dict(jobs.filter(unique_hash__in=set(digests.values())).values_list("unique_hash", "id"))
+        blocked, taken = [], set()
+        for job_id, digest in digests.items():
+            if holders.get(digest, job_id) != job_id or digest in taken:
+                blocked.append(job_id)  # held by another row, or by a row retried just before
+            else:
+                taken.add(digest)
+        left_out = set(blocked)
+        retried = [row[0] for row in rows if row[0] not in left_out]
+        if not retried:
+            return [], blocked
+        keyed = [When(id=i, then=Value(digests[i])) for i in retried if i in digests]
+        try:
+            with transaction.atomic(using=alias):
+                jobs.filter(id__in=retried).update(
+                    status=Status.PENDING,
+                    attempts=0,
+                    next_run_at=now,
+                    unique_hash=Case(*keyed, default=None) if keyed else None,
+                    locked_by=None,
+                    locked_until=None,
+                    failed_at=None,
+                )
+        except IntegrityError:
+            # A key was taken since the look above (an enqueue that committed meanwhile): one by
+            # one, as retry() does, which tells which.
+            return _retry_each(alias, retried, blocked, now)
+    return retried, blocked
+
+
+def _retry_each(alias: str, ids: list[str], blocked: list[str], now: int) -> tuple[list[str], list[str]]:
+    retried: list[str] = []
+    for job_id in ids:
+        (retried if retry(job_id, using=alias, now=now) else blocked).append(job_id)
+    return retried, blocked
