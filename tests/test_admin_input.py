@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import html
 import re
+import time
+from contextlib import nullcontext
 
 import pytest
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
@@ -293,7 +295,7 @@ def test_the_jobs_list_reads_no_more_rows_than_it_shows(admin_client, query):
 
 
 def test_the_jobs_list_says_more_than_the_cap(admin_client, monkeypatch):
-    from django_rws_jobs.admin.jobs import CappedCountPaginator
+    from django_rws_jobs.admin.paginators import CappedCountPaginator
 
     monkeypatch.setattr(CappedCountPaginator, "cap", 3)
     for i in range(5):
@@ -395,3 +397,65 @@ def test_a_big_action_logs_one_entry(admin_client, action):
     assert entry.action_flag == (CHANGE if action == "retry_selected" else DELETION)
     assert entry.object_id is None and entry.object_repr == f"{LOG_EACH + 1} dead jobs"
     assert entry.change_message == f"{verb} {LOG_EACH + 1} dead jobs from the dead-letter list"
+
+
+def _sleep_sql(seconds: float) -> str:
+    """SQL true for every row that sleeps ``seconds`` on each: a count that reads many rows is
+    slow for real, one that stops after a few is not."""
+    if connection.vendor == "sqlite":
+        connection.ensure_connection()
+        connection.connection.create_function("rws_test_sleep", 1, lambda s: time.sleep(s) or 0)
+        return f"rws_test_sleep({seconds}) = 0"
+    return {"postgresql": f"pg_sleep({seconds}) IS NOT NULL", "mysql": f"SLEEP({seconds}) = 0"}[
+        connection.vendor
+    ]
+
+
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_a_count_stops_at_its_time_limit(in_transaction):
+    from django.db import transaction
+
+    from django_rws_jobs.backends import backend_for
+
+    for i in range(200):
+        make_job(f"d{i:03d}", status="failed")
+    slow = Job.objects.filter(status="failed").extra(where=[_sleep_sql(0.003)])  # 0.6 s in all
+    backend = backend_for(connection)
+    with transaction.atomic() if in_transaction else nullcontext():
+        started = time.monotonic()
+        assert backend.count_within(slow, 0.1) is None
+        assert time.monotonic() - started < 0.4
+        assert backend.count_within(slow[:3], 1.0) == 3
+        # The limit ends with the count: a statement after it runs as long as it takes.
+        assert slow[:60].count() == 60
+        assert Job.objects.filter(status="failed").count() == 200  # the transaction still works
+
+
+def test_a_slow_count_gives_way_to_a_capped_one(admin_client, monkeypatch):
+    """A dead-letter list whose exact count takes longer than its time limit counts up to a cap
+    and says "more than"; "Select all" still selects every dead job on the list."""
+    from django_rws_jobs.admin.dead import FailedJobAdmin
+    from django_rws_jobs.admin.paginators import TimedCountPaginator
+
+    for i in range(600):
+        make_job(f"d{i:03d}", status="failed")
+    slow_each_row = _sleep_sql(0.001)  # an exact count: 0.6 s; a count capped at 60: 61 ms
+    listed = FailedJobAdmin.get_queryset
+    slow_list = lambda self, request: listed(self, request).extra(where=[slow_each_row])  # noqa: E731
+    monkeypatch.setattr(FailedJobAdmin, "get_queryset", slow_list)
+    monkeypatch.setattr(TimedCountPaginator, "seconds", 0.25)
+    monkeypatch.setattr(TimedCountPaginator, "cap", 60)
+    response = admin_client.get(DEAD)
+    page = response.content.decode()
+    assert len(response.context["cl"].result_list) == 50
+    assert "more than 60 jobs" in page and "Select all (more than 60) dead jobs" in page
+    assert "Select all 600" not in page and "600 jobs" not in page
+
+    monkeypatch.setattr(TimedCountPaginator, "seconds", 5.0)  # fast enough again: the exact count
+    page = admin_client.get(DEAD).content.decode()
+    assert "more than" not in page and "Select all 600 dead jobs" in page
+
+    response = admin_client.post(
+        DEAD, {"action": "retry_selected", "index": "0", "select_across": "1", "_selected_action": ["d000"]}
+    )
+    assert messages_of(response) == ["Retried 600 dead jobs; they are due now."]

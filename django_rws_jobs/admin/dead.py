@@ -28,6 +28,7 @@ from ..db import queue_alias
 from ..models import FailedJob, Job, Status
 from .common import links, now, refuse_nul
 from .jobs import JobDisplay, JobTypeFilter, QueueFilter
+from .paginators import TimedCountPaginator
 
 #: Ids named in one message at most; the rest are counted.
 MAX_IDS_SHOWN = 10
@@ -92,6 +93,7 @@ class FailedJobAdmin(JobDisplay):
     # writer failed (no failed_at) sort among the others
     # (tests/test_admin_input.py::test_the_dead_letter_list_walks_the_due_index).
     ordering = ("-next_run_at", "-priority", "-id")
+    paginator = TimedCountPaginator
     actions = ("retry_selected", "delete_selected")
     change_list_template = "django_rws_jobs/admin/failedjob_change_list.html"
     change_form_template = "django_rws_jobs/admin/failedjob_change_form.html"
@@ -299,7 +301,11 @@ class FailedJobAdmin(JobDisplay):
         if request.method == "POST":
             self._refuse_forbidden_action(request)
         context = {**links(request, self), "title": _("Dead-letter list")}
-        return super().changelist_view(request, {**context, **(extra_context or {})})
+        response = super().changelist_view(request, {**context, **(extra_context or {})})
+        cl = getattr(response, "context_data", {}).get("cl")
+        if cl is not None and getattr(cl.paginator, "capped", False):  # not "All 1001 selected"
+            response.context_data["selection_note_all"] = _("All dead jobs on the list selected")
+        return response
 
     def _refuse_forbidden_action(self, request: HttpRequest) -> None:
         """Answer an action the user may not run with 403; Django would redisplay the list silently."""

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Any, cast
 
 from django.contrib import admin
 from django.contrib.admin.utils import quote, unquote
-from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -21,7 +19,6 @@ from ..models import Job, JobQuerySet, Status
 from ..registry import registry
 from . import overview
 from .common import (
-    COUNT_CAP,
     QueueDatabaseAdmin,
     ReadOnlyAdminMixin,
     links,
@@ -31,6 +28,7 @@ from .common import (
     short_text,
     time_cell,
 )
+from .paginators import CappedCountPaginator
 
 
 class DueFilter(admin.SimpleListFilter):
@@ -91,21 +89,6 @@ class JobTypeFilter(DeclaredChoicesFilter):
 
     def declared(self) -> set[str]:
         return set(registry.job_types())
-
-
-class CappedCountPaginator(Paginator):
-    """Counts at most COUNT_CAP + 1 rows, so that a page of a million-row list reads a page's
-    worth, not the whole table (the count took longer than the rest of the page)."""
-
-    cap = COUNT_CAP
-
-    @cached_property
-    def count(self) -> int:
-        return cast(QuerySet[Any], self.object_list).order_by()[: self.cap + 1].count()
-
-    @property
-    def capped(self) -> bool:
-        return self.count > self.cap
 
 
 def _time_detail(ts: int | None) -> SafeString | str:

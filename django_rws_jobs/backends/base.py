@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .cursors import DriverCursor
@@ -113,6 +113,28 @@ class BaseBackend(Statements):
     def check(self) -> list[Any]:
         """System check messages for this database (checks.check_database)."""
         return []
+
+    # -- reads with a time limit ------------------------------------------------------------------
+
+    @contextmanager
+    def time_limit(self, seconds: float) -> Iterator[None]:
+        """Statements run inside fail past ``seconds`` (an error is_time_limit_error knows); the
+        base backend sets no limit."""
+        yield
+
+    def is_time_limit_error(self, exc: BaseException) -> bool:
+        return False
+
+    def count_within(self, rows: Any, seconds: float) -> int | None:
+        """``rows.count()`` (a queryset on this connection), or None when the database takes longer
+        than ``seconds`` (tests/test_admin_input.py::test_a_count_stops_at_its_time_limit)."""
+        try:
+            with self.time_limit(seconds), transaction.atomic(using=self.conn.alias):
+                return int(rows.count())
+        except DatabaseError as exc:
+            if self.is_time_limit_error(exc):
+                return None
+            raise
 
     # -- the public API's statements --------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,8 @@ RESUME_SECONDS = 1.0
 #: The protocol's CLIENT_MULTI_STATEMENTS capability flag.
 CLIENT_MULTI_STATEMENTS = 1 << 16
 LOCKING = " FOR UPDATE SKIP LOCKED"
+#: A statement stopped by MariaDB's max_statement_time, by MySQL's max_execution_time.
+TIME_LIMIT_ERRNOS = (1969, 3024)
 
 
 class MySQLFeatures(BaseFeatures):
@@ -100,6 +103,26 @@ class MySQLBackend(BaseBackend):
             [now, now],
         )
         return sql.join(qsql).join(below_filter(below)).add(f" GROUP BY {group}) AS bands")
+
+    @contextmanager
+    def time_limit(self, seconds: float) -> Iterator[None]:
+        # MariaDB's max_statement_time is in seconds, MySQL's max_execution_time in ms.
+        name, value = (
+            ("max_statement_time", seconds)
+            if self.conn.mysql_is_mariadb
+            else ("max_execution_time", max(1, round(seconds * 1000)))
+        )
+        with self.conn.cursor() as c:
+            c.execute(f"SET @rws_time_limit = @@SESSION.{name}, SESSION {name} = %s", [value])
+        try:
+            yield
+        finally:
+            with self.conn.cursor() as c:
+                c.execute(f"SET SESSION {name} = @rws_time_limit")
+
+    def is_time_limit_error(self, exc: BaseException) -> bool:
+        args: tuple[Any, ...] = getattr(exc.__cause__, "args", ())
+        return bool(args) and args[0] in TIME_LIMIT_ERRNOS
 
     def private_options(self, options: dict[str, Any]) -> dict[str, Any]:
         # Under REPEATABLE READ, InnoDB keeps locks on rows a claim read but did not take (other

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import cached_property
 from typing import Any
 
@@ -14,6 +15,8 @@ from .statements import Sql, queue_filter
 #: psycopg's prepare_threshold for the worker's connections: only statements executed with
 #: ``prepare=True`` (the hot ones, see Store.execute) are prepared.
 PREPARE_WHEN_ASKED = 2**31 - 1
+#: The SQLSTATE of a statement stopped by statement_timeout.
+QUERY_CANCELED = "57014"
 
 
 def _is_psycopg3() -> bool:
@@ -77,6 +80,24 @@ class PostgreSQLBackend(BaseBackend):
                 # (the at-least-once promise), never lose it. Enqueues keep the project's
                 # durability.
                 cursor.execute("SET synchronous_commit TO off")
+
+    @contextmanager
+    def time_limit(self, seconds: float) -> Iterator[None]:
+        with self.conn.cursor() as c:
+            c.execute("SELECT current_setting('statement_timeout')")
+            (before,) = c.fetchone()
+            c.execute(
+                "SELECT set_config('statement_timeout', %s, false)", [f"{max(1, round(seconds * 1000))}ms"]
+            )
+        try:
+            yield
+        finally:
+            with self.conn.cursor() as c:
+                c.execute("SELECT set_config('statement_timeout', %s, false)", [before])
+
+    def is_time_limit_error(self, exc: BaseException) -> bool:
+        cause = exc.__cause__
+        return (getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)) == QUERY_CANCELED
 
     def private_options(self, options: dict[str, Any]) -> dict[str, Any]:
         # The same few statements run for every job: the Store prepares them (and only them: a

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
-from contextlib import AbstractContextManager, nullcontext
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -16,6 +18,9 @@ from .statements import DUE_INDEX
 #: Busy timeout (ms) given to SQLite connections whose settings name none: several worker
 #: processes and a web process share one file, and a writer waits for another rather than fail.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+#: SQLite virtual machine steps between two looks at a time limit's clock.
+PROGRESS_STEPS = 100
 
 _write_locks: dict[str, threading.RLock] = {}
 _write_locks_guard = threading.Lock()
@@ -79,6 +84,20 @@ class SQLiteBackend(BaseBackend):
         name = str(conn.settings_dict["NAME"])
         with _write_locks_guard:
             return _write_locks.setdefault(name, threading.RLock())
+
+    @contextmanager
+    def time_limit(self, seconds: float) -> Iterator[None]:
+        self.conn.ensure_connection()
+        deadline = time.monotonic() + seconds
+        # Called every PROGRESS_STEPS virtual machine steps; a true answer interrupts the statement.
+        self.conn.connection.set_progress_handler(lambda: time.monotonic() > deadline, PROGRESS_STEPS)
+        try:
+            yield
+        finally:
+            self.conn.connection.set_progress_handler(None, 0)
+
+    def is_time_limit_error(self, exc: BaseException) -> bool:
+        return str(exc.__cause__) == "interrupted"
 
     def driver_cursor(self) -> DriverCursor:
         self.conn.cursor().close()  # connects (and configures the connection) as Django does
