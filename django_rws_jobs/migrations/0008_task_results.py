@@ -71,5 +71,5 @@ class Migration(migrations.Migration):
                 "indexes": [models.Index(fields=["finished_at"], name="rws_task_results_done_idx")],
             },
         ),
-        migrations.RunPython(forwards, migrations.RunPython.noop, elidable=False),
+        migrations.RunPython(forwards, migrations.RunPython.noop, atomic=False, elidable=False),
     ]
