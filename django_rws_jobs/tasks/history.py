@@ -13,6 +13,9 @@ import datetime as dt
 import json
 from typing import Any
 
+from django.conf import settings
+from django.utils import timezone
+
 #: The most errors a history keeps (the latest ones) and the longest traceback of each.
 MAX_ERRORS = 10
 MAX_TRACEBACK = 8_000
@@ -20,9 +23,13 @@ MAX_TRACEBACK = 8_000
 MAX_WORKER_IDS = 1_000
 
 
+#: One encoder for every dumps: json.dumps with options makes a new one at each call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def dumps(value: Any) -> str:
     """Compact JSON that every database stores (no NaN, no Infinity)."""
-    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def payload(args: Any, kwargs: Any, backend: str, run_after: dt.datetime | None, enqueued_at: float) -> str:
@@ -84,10 +91,7 @@ def when(seconds: float | None) -> dt.datetime | None:
     """Unix seconds as Django's now() gives times: aware in UTC, or naive local without USE_TZ."""
     if seconds is None:
         return None
-    from django.conf import settings
-    from django.utils import timezone
-
-    value = dt.datetime.fromtimestamp(float(seconds), tz=dt.timezone.utc)
+    value = dt.datetime.fromtimestamp(seconds, tz=dt.timezone.utc)
     return value if settings.USE_TZ else timezone.make_naive(value)
 
 

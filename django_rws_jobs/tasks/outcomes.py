@@ -209,31 +209,37 @@ def _after_commit(store: Store, fn: Any) -> None:
 
 
 def finished(job: Claimed, after: dict[str, Any], outcome: TaskOutcome) -> None:
-    """Send task_finished for the final outcome, with the result as get_result reads it."""
-    from .compat import task_finished
+    """Send task_finished for the final outcome, with the result as get_result reads it: the
+    attempt's own TaskResult brought to its end (as ImmediateBackend does), else one read from
+    the row as written (recovery's outcome)."""
+    from .compat import TaskError, TaskResultStatus, task_finished
+
+    result = outcome.result
+    if result is not None:
+        if outcome.error is not None:
+            result.errors.append(TaskError(**outcome.error))
+        status = TaskResultStatus.SUCCESSFUL if outcome.error is None else TaskResultStatus.FAILED
+        object.__setattr__(result, "status", status)
+        object.__setattr__(result, "finished_at", history.when(outcome.finished))
+    else:
+        result = _read_back(job, after, outcome)
+        if result is None:
+            return
+    send_robustly(task_finished, result)
+
+
+def _read_back(job: Claimed, after: dict[str, Any], outcome: TaskOutcome) -> Any:
     from .results import build
 
-    row = (
-        job.id,
-        job.job_type,
-        job.payload,
-        "successful" if outcome.error is None else "failed",
-        job.queue,
-        job.priority,
-        None,
-        None,
-        history.dumps(after),
-        outcome.value,
-        int(outcome.finished),
-    )
+    status = "successful" if outcome.error is None else "failed"
+    row = (job.id, job.job_type, job.payload, status, job.queue, job.priority, None, None)
     try:
-        result = build(row, TASK_PREFIX)
+        return build((*row, history.dumps(after), outcome.value, int(outcome.finished)), TASK_PREFIX)
     except Exception:  # noqa: BLE001  (a task that cannot be loaded has no TaskResult to send)
         logger.warning(
             "task %s (%s): task_finished not sent: the task cannot be loaded", job.id, job.job_type
         )
-        return
-    send_robustly(task_finished, result)
+        return None
 
 
 def send_robustly(signal: Any, result: Any) -> None:

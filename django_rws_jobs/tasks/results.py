@@ -65,14 +65,21 @@ def build(row: tuple[Any, ...], prefix: str) -> TaskResult:
     except (ImportError, TypeError) as exc:
         raise TaskResultDoesNotExist(f"{result_id}: {exc}") from exc
     run_after = payload.get("run_after")
-    fields = {
-        "queue_name": queue,
-        "priority": int(priority),
-        "backend": payload.get("backend", task.backend),
-        "run_after": None if run_after is None else _parse(run_after),
-    }
-    if any(getattr(task, name) != value for name, value in fields.items()):
-        task = dataclasses.replace(task, **fields)  # (which validates the task again)
+    backend = payload.get("backend", task.backend)
+    if (
+        run_after is not None
+        or task.queue_name != queue
+        or task.priority != priority
+        or task.backend != backend
+        or task.run_after is not None
+    ):  # the task as enqueued, with .using()'s changes (replace validates the task again)
+        task = dataclasses.replace(
+            task,
+            queue_name=queue,
+            priority=int(priority),
+            backend=backend,
+            run_after=None if run_after is None else _parse(run_after),
+        )
     state = TaskResultStatus.SUCCESSFUL if status == "successful" else STATUSES[status]
     enqueued = float(payload.get("enqueued_at") or 0)
     worker_ids = list(past.get("worker_ids") or [])
