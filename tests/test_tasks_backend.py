@@ -368,3 +368,30 @@ def test_the_async_twins():
     assert rws.tick() is True
     async_to_sync(result.arefresh)()
     assert result.status == Status.SUCCESSFUL
+
+
+def test_the_history_is_capped():
+    from django_rws_jobs.tasks import history
+
+    past: dict = {}
+    for n in range(1, 30):
+        error = {"exception_class_path": "builtins.ValueError", "traceback": f"{n}:" + "x" * 20_000}
+        past = history.after_attempt(past, f"w{n}", float(n), n + 0.5, error)
+    assert len(past["errors"]) == history.MAX_ERRORS and past["errors"][-1]["traceback"].startswith("29:")
+    assert all(len(e["traceback"]) <= history.MAX_TRACEBACK for e in past["errors"])
+    assert past["worker_ids"] == [f"w{n}" for n in range(1, 30)]
+    assert (past["started_at"], past["last_attempted_at"], past["finished_at"]) == (1.0, 29.0, 29.5)
+
+
+def test_the_admins_retry_action_puts_a_dead_task_back(admin_client):
+    from django.urls import reverse
+
+    result = tasks.once.enqueue("boom")
+    assert rws.tick() is True
+    response = admin_client.post(
+        reverse("admin:django_rws_jobs_failedjob_changelist"),
+        {"action": "retry_selected", "_selected_action": [result.id]},
+    )
+    assert response.status_code == 302
+    again = backend().get_result(result.id)
+    assert again.status == Status.READY and again.errors == [] and again.attempts == 0

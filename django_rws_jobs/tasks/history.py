@@ -4,7 +4,7 @@
 ``rws_jobs.task_history`` and ``rws_task_results.history``: ``{"errors", "worker_ids",
 "started_at", "last_attempted_at", "finished_at"}``, times as unix seconds with their fraction.
 Only outcome writes change the history (a claim does not), so what it says survives retries; it
-is capped (tests/test_tasks_worker.py::test_the_history_is_capped).
+is capped (tests/test_tasks_backend.py::test_the_history_is_capped).
 """
 
 from __future__ import annotations
