@@ -395,3 +395,11 @@ def test_the_admins_retry_action_puts_a_dead_task_back(admin_client):
     assert response.status_code == 302
     again = backend().get_result(result.id)
     assert again.status == Status.READY and again.errors == [] and again.attempts == 0
+
+
+def test_what_the_queue_refuses_is_invalid_task_too():
+    long_name = "q" * 65
+    with override_settings(TASKS={"default": {**_settings(), "QUEUES": []}}):  # any queue, for Django
+        with pytest.raises(InvalidTask, match="64"):
+            tasks.record.using(queue_name=long_name).enqueue("x")
+    assert Job.objects.count() == 0

@@ -144,16 +144,19 @@ class RwsJobsBackend(BaseTaskBackend):
         args, kwargs = arguments(args, kwargs)
         now = time.time()
         unique = unique_key(task, args, kwargs) if getattr(task, "unique", False) else None
-        return prepare(
-            TASK_PREFIX + task.module_path,
-            history.payload(args, kwargs, self.alias, task.run_after, now),
-            queue=task.queue_name,
-            priority=task.priority,
-            run_at=task.run_after,
-            unique=unique,
-            max_retries=self.max_attempts(task) - 1,
-            now=now,
-        )
+        try:  # what the queue refuses besides Django's checks (a queue name over 64 characters)
+            return prepare(
+                TASK_PREFIX + task.module_path,
+                history.payload(args, kwargs, self.alias, task.run_after, now),
+                queue=task.queue_name,
+                priority=task.priority,
+                run_at=task.run_after,
+                unique=unique,
+                max_retries=self.max_attempts(task) - 1,
+                now=now,
+            )
+        except (TypeError, ValueError) as exc:
+            raise InvalidTask(str(exc)) from None
 
     # -- results ---------------------------------------------------------------------------------
 
