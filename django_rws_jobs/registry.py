@@ -19,7 +19,9 @@ TASK_PREFIX = "django.tasks:"
 
 
 class RowRunner(Protocol):
-    """Runs rows that no handler serves, by job_type prefix (the django.tasks rows)."""
+    """Runs rows that no handler serves, by job_type prefix (the django.tasks rows). One that also
+    has ``record_many(store, [(job, outcome), ...]) -> [str]`` gets the worker's outcomes of a
+    completer batch in one call (worker/completer.py)."""
 
     def run(self, job: Any) -> Any:
         """Run the claimed row; return its outcome for ``record``."""
