@@ -6,6 +6,8 @@
 
 Workloads, per database:
   drain       N due no-op jobs with one `rws_worker --workers 4 --burst` process (jobs/s)
+  drain_tasks N due no-op django.tasks `@task` tasks, drained the same way (tasks/s), and its
+              share of the `@job` drain of the same run
   enqueue     enqueue() one job per transaction from one thread (jobs/s)
   bulk        enqueue_many() of M jobs in one call (jobs/s)
   latency     an idle worker picks up 100 jobs enqueued 50 ms apart: p50 / p99 (ms)
@@ -98,7 +100,7 @@ def clear() -> None:
     from django.db import connection
 
     with connection.cursor() as c:
-        for table in ("rws_jobs", "benchapp_pickup"):
+        for table in ("rws_jobs", "rws_task_results", "benchapp_pickup"):
             c.execute(f"DELETE FROM {table}" if connection.vendor == "sqlite" else f"TRUNCATE TABLE {table}")
 
 
@@ -111,7 +113,11 @@ def python_speed() -> float:
     return time.perf_counter() - t0
 
 
-def count_jobs() -> int:
+#: The job_type of the no-op task's rows (benchmarks/benchapp/tasks.py).
+NOOP_TASK = "django.tasks:benchmarks.benchapp.tasks.noop"
+
+
+def count_jobs(job_type: str = "bench.noop") -> int:
     from django.db import connection
 
     with connection.cursor() as c:
@@ -120,8 +126,8 @@ def count_jobs() -> int:
         # measured time (the drain's end is confirmed by this count).
         c.execute(
             "SELECT COUNT(*) FROM rws_jobs WHERE status IN ('pending', 'running') "
-            "AND job_type = 'bench.noop' AND next_run_at <= %s",
-            [int(time.time())],
+            "AND job_type = %s AND next_run_at <= %s",
+            [job_type, int(time.time())],
         )
         return c.fetchone()[0]
 
@@ -150,8 +156,9 @@ def peak_rss_mb(pid: int) -> float:
 DRAIN_TIMEOUT = 600
 
 
-def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
-    """Enqueue n due no-op jobs, run one burst worker; return (jobs/s, peak RSS MB).
+def drain(db: str, n: int, worker_args: list[str], tasks: bool = False) -> tuple[float, float]:
+    """Enqueue n due no-op jobs (with ``tasks``, no-op ``@task`` tasks), run one burst worker;
+    return (jobs/s, peak RSS MB).
 
     The clock runs from the claim of the first job to the deletion of the last. The measurer
     polls primary-key lookups only (the jobs are claimed in id order: same due time, ids
@@ -160,7 +167,13 @@ def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
     """
     from django_rws_jobs import enqueue_many
 
-    ids = sorted(enqueue_many([("bench.noop", "")] * n))
+    if tasks:
+        from benchmarks.benchapp.tasks import noop
+
+        job_type, items = NOOP_TASK, [{"task": noop}] * n
+    else:
+        job_type, items = "bench.noop", [("bench.noop", "")] * n
+    ids = sorted(enqueue_many(items))
     first, last = ids[0], ids[-1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "django", "rws_worker", "--burst", *worker_args],
@@ -175,15 +188,15 @@ def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
     deadline = time.monotonic() + DRAIN_TIMEOUT
 
     def check_alive() -> None:
-        if proc.poll() is not None and count_jobs() != 0:  # look again: it may have just finished
+        if proc.poll() is not None and count_jobs(job_type) != 0:  # look again: it may have just finished
             raise RuntimeError(
-                f"worker exited with {proc.returncode} and {count_jobs()} jobs left: "
+                f"worker exited with {proc.returncode} and {count_jobs(job_type)} jobs left: "
                 f"{proc.stderr.read()[-2000:]}"
             )
         if time.monotonic() > deadline:  # alive but stuck (a role that dies as it starts, say)
             proc.kill()
             raise RuntimeError(
-                f"the drain took over {DRAIN_TIMEOUT} s and left {count_jobs()} jobs: "
+                f"the drain took over {DRAIN_TIMEOUT} s and left {count_jobs(job_type)} jobs: "
                 f"{proc.communicate()[1][-2000:]}"
             )
 
@@ -192,7 +205,7 @@ def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
         time.sleep(0.001)
     t0 = time.perf_counter()
     while True:
-        if job_state(last) is None and count_jobs() == 0:
+        if job_state(last) is None and count_jobs(job_type) == 0:
             t1 = time.perf_counter()
             break
         rss = max(rss, peak_rss_mb(proc.pid))
@@ -349,6 +362,7 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
         k: []
         for k in (
             "drain",
+            "drain_tasks",
             "rss",
             "enqueue",
             "enqueue_prepared",
@@ -369,8 +383,13 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
             results["drain"].append(rate)
             results["rss"].append(rss)
             clear()
+            results["drain_tasks"].append(drain(db, args.jobs, worker_args, tasks=True)[0])
+            clear()
         if args.only_drain:
-            print(f"  {db} run {r + 1}: drain={rate:.0f} rss={rss:.0f}", file=sys.stderr)
+            tasks_rate = results["drain_tasks"][-1]
+            print(
+                f"  {db} run {r + 1}: drain={rate:.0f} tasks={tasks_rate:.0f} rss={rss:.0f}", file=sys.stderr
+            )
             continue
         if args.only_latency:
             poll = ["--poll-interval", "0.01"] if db == "mysql" else []
@@ -410,6 +429,10 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
     # minutes before the future one.
     shares = [f / b for f, b in zip(results["drain_future"], results["drain_beside"], strict=False) if b]
     med["future_share"] = statistics.median(shares) if shares else float("nan")
+    # Each tasks drain against the @job drain of the same run, run just before it.
+    task_shares = [t / b for t, b in zip(results["drain_tasks"], results["drain"], strict=False) if b]
+    med["tasks_share"] = statistics.median(task_shares) if task_shares else float("nan")
+    results["tasks_share"] = task_shares
     med["future_share_of_first"] = med["drain_future"] / med["drain"] if med["drain"] else float("nan")
     results["future_share"] = shares
     return {"median": med, "runs": results}
@@ -486,6 +509,16 @@ def table(out: dict) -> str:
             f"drain {out['args']['jobs']} due no-op jobs, --workers {out['args']['workers']} (jobs/s)",
             "drain",
             "{:,.0f}",
+        ),
+        (
+            f"drain {out['args']['jobs']} due no-op @task tasks, the same worker (tasks/s)",
+            "drain_tasks",
+            "{:,.0f}",
+        ),
+        (
+            "  as a share of the @job drain of the same run (median of the runs' shares)",
+            "tasks_share",
+            "{:.0%}",
         ),
         ("enqueue, one transaction per job (jobs/s)", "enqueue", "{:,.0f}"),
         (

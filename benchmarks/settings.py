@@ -42,6 +42,7 @@ elif DB == "mysql":
 else:
     raise RuntimeError(f"RWS_BENCH_DB={DB!r}")
 
+TASKS = {"default": {"BACKEND": "django_rws_jobs.tasks.RwsJobsBackend"}}  # the tasks drain
 RWS_JOBS = {"POLL_INTERVAL": 0.5}
 RWS_JOBS.update(json.loads(os.environ.get("RWS_BENCH_JOBS", "{}")))
 LOGGING = {

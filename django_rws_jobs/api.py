@@ -104,7 +104,12 @@ def enqueue(
         unique=unique,
         max_retries=max_retries,
     )
-    alias = queue_alias(using)
+    return insert_prepared(queue_alias(using), params)
+
+
+def insert_prepared(alias: str, params: list[Any]) -> str:
+    """Insert one job that ``prepare`` made, in the caller's transaction; return its id (or, for
+    a unique job, the id of the live job holding its key). Wakes this process's workers at commit."""
     backend_for(connections[alias]).check_insert_size(params, "the job")
     if params[-1] is None:
         _insert(connections[alias], params)
@@ -135,12 +140,13 @@ def _wake_local_workers(alias: str) -> None:
 def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: int = 1000) -> list[str]:
     """Store many jobs at once and return their ids, in order.
 
-    Each item is a job_type string, a ``(job_type, payload)`` pair, or a dict of ``enqueue``'s
-    arguments (``job_type``, ``payload``, ``queue``, ...). The rows go in with multi-row inserts
-    (COPY on PostgreSQL), in the caller's transaction, while later items are still being
-    validated: an invalid item raises and rolls back everything of the call, so that nothing of it
-    is stored. Unique items keep ``enqueue``'s semantics (the id of the live job holding the key is
-    returned).
+    Each item is a job_type string, a ``(job_type, payload)`` pair, a dict of ``enqueue``'s
+    arguments (``job_type``, ``payload``, ``queue``, ...), or a django.tasks task with its
+    arguments, ``{"task": send_receipt, "args": [42], "kwargs": {}}`` (its id is its result's).
+    The rows go in with multi-row inserts (COPY on PostgreSQL), in the caller's transaction, while
+    later items are still being validated: an invalid item raises and rolls back everything of the
+    call, so that nothing of it is stored. Unique items keep ``enqueue``'s semantics (the id of the
+    live job holding the key is returned).
     """
     if isinstance(jobs, (str, bytes, bytearray, dict)) or not hasattr(jobs, "__iter__"):
         # A str would be taken for its characters, a dict for its keys.
@@ -183,6 +189,8 @@ def _item_params(item: Any) -> list[Any]:
     (job_type, payload) pair. (tests/test_input.py::test_enqueue_many_items_take_only_enqueues_options)"""
     if isinstance(item, str):
         return prepare(item)
+    if isinstance(item, dict) and "task" in item:
+        return _task_params(item)
     if isinstance(item, dict):
         _only_known("key", item, ITEM_KEYS)
         if "job_type" not in item:
@@ -191,6 +199,17 @@ def _item_params(item: Any) -> list[Any]:
     if isinstance(item, (tuple, list)) and 1 <= len(item) <= 2:
         return prepare(*item)
     raise TypeError(f"a job must be a job_type, a (job_type, payload) pair or a dict, got {show(item)}")
+
+
+def _task_params(item: dict[str, Any]) -> list[Any]:
+    """A django.tasks item, ``{"task": a_task, "args": [...], "kwargs": {...}}``: the row its
+    backend's ``job_params`` makes (an RwsJobsBackend's; tests/test_tasks_backend.py)."""
+    _only_known("key", item, ("task", "args", "kwargs"))
+    task = item["task"]
+    backend = task.get_backend() if callable(getattr(task, "get_backend", None)) else None
+    if backend is None or not callable(getattr(backend, "job_params", None)):
+        raise TypeError(f"'task' must be a task of an RwsJobsBackend, got {show(task)}")
+    return list(backend.job_params(task, item.get("args", ()), item.get("kwargs", {})))
 
 
 def _insert_unique_checked(conn: Any, alias: str, params: list[Any], index: int) -> str:
@@ -270,6 +289,7 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
                         locked_by=None,
                         locked_until=None,
                         failed_at=None,
+                        task_history=None,  # a retried task starts a new history, as attempts do
                     )
                 )
         except IntegrityError:

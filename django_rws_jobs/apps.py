@@ -11,7 +11,9 @@ class RwsJobsConfig(AppConfig):
     def ready(self) -> None:
         from . import checks, schedules  # noqa: F401  (register the system checks)
         from .db import configure_connection
-        from .registry import autodiscover
+        from .registry import TASK_PREFIX, autodiscover, registry
+        from .tasks.rows import TaskRows
 
         connection_created.connect(configure_connection, dispatch_uid="django_rws_jobs.configure_connection")
+        registry.row_runners[TASK_PREFIX] = TaskRows()
         autodiscover()

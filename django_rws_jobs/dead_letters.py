@@ -85,6 +85,7 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
                     locked_by=None,
                     locked_until=None,
                     failed_at=None,
+                    task_history=None,  # a retried task starts a new history, as attempts do
                 )
         except IntegrityError:
             # A key was taken since the look above (an enqueue that committed meanwhile): one by

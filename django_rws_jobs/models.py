@@ -87,6 +87,9 @@ class Job(models.Model):
     started_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds: last claim"))
     failed_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds: moved to dead"))
     traceback = models.TextField(null=True, blank=True)
+    # Task rows only (django_rws_jobs.tasks): JSON of the errors, worker ids and times of the
+    # attempts so far. Written by outcome writes, never by the claim (tasks/history.py).
+    task_history = models.TextField(null=True, blank=True, editable=False)
 
     objects = JobQuerySet.as_manager()
 
@@ -154,6 +157,32 @@ class JobSchedule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class TaskResultRecord(models.Model):
+    """One row of ``rws_task_results``: a task that succeeded, written in the transaction that
+    deleted its job row (tasks/outcomes.py)."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    task_path = models.TextField(help_text=_("the task function's module path"))
+    queue = models.CharField(max_length=64)
+    priority = models.BigIntegerField()
+    payload = models.TextField(help_text=_("JSON: args, kwargs, backend, run_after, enqueued_at"))
+    return_value = models.TextField(help_text=_("JSON"))
+    history = models.TextField(help_text=_("JSON: errors, worker ids and times of the attempts"))
+    finished_at = models.BigIntegerField(help_text=_("unix seconds"))
+
+    class Meta:
+        db_table = "rws_task_results"
+        verbose_name = _("task result")
+        verbose_name_plural = _("task results")
+        indexes = [
+            # Pruning deletes the oldest results first, within a queue or in all of them.
+            models.Index(fields=["finished_at"], name="rws_task_results_done_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.id}"
 
 
 class QueueOverview(Job):

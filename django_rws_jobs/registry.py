@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .validation import INT32_MAX, INT64_MAX, INT64_MIN, integer, only_known, queue_name, show, text
 
@@ -13,6 +13,21 @@ Handler = Callable[[str], Any]
 
 #: What @job and register() accept besides the handler.
 OPTIONS = ("queue", "priority", "max_retries", "schedule")
+#: The job_type prefix of django.tasks rows (``django.tasks:<module path>``): reserved, no handler
+#: may be registered under it (tests/test_tasks_backend.py::test_the_task_prefix_is_reserved).
+TASK_PREFIX = "django.tasks:"
+
+
+class RowRunner(Protocol):
+    """Runs rows that no handler serves, by job_type prefix (the django.tasks rows). One that also
+    has ``record_many(store, [(job, outcome), ...]) -> [str]`` gets the worker's outcomes of a
+    completer batch in one call (worker/completer.py)."""
+
+    def run(self, job: Any) -> Any:
+        """Run the claimed row; return its outcome for ``record``."""
+
+    def record(self, store: Any, job: Any, outcome: Any, expired_before: int | None) -> str:
+        """Write the outcome, fenced on the claim: 'done', 'retry', 'dead' or 'lost'."""
 
 
 @dataclass(frozen=True)
@@ -32,11 +47,17 @@ class Registry:
         # Every declaration is kept, so that a name declared twice is reported by a system check
         # (rws_jobs.E105) instead of one declaration silently winning.
         self._schedule_decls: list[tuple[str, Any, Any]] = []
+        self.row_runners: dict[str, RowRunner] = {}  # job_type prefix -> runner (tasks/rows.py)
 
     def register(self, job_type: str, func: Handler, **options: Any) -> Handler:
         if not isinstance(job_type, str) or not job_type:
             raise TypeError(f"job_type must be a non-empty string, got {job_type!r}")
         text("job_type", job_type)
+        if job_type.startswith(TASK_PREFIX):
+            raise ValueError(
+                f"job_type {show(job_type)} starts with {TASK_PREFIX!r}, which is reserved for "
+                "django.tasks rows; use @task for a task"
+            )
         if not callable(func):
             raise TypeError(f"the handler for job_type {job_type!r} must be callable, got {func!r}")
         _check_options(job_type, options)
@@ -69,6 +90,14 @@ class Registry:
 
     def get(self, job_type: str) -> JobSpec | None:
         return self._specs.get(job_type)
+
+    def row_runner(self, job_type: str) -> RowRunner | None:
+        """The runner of a row no handler serves, by its job_type's prefix (asked only once
+        ``get`` found no handler, so a handler's row pays nothing for it)."""
+        for prefix, runner in self.row_runners.items():
+            if job_type.startswith(prefix):
+                return runner
+        return None
 
     def __contains__(self, job_type: object) -> bool:
         return job_type in self._specs

@@ -104,10 +104,16 @@ def _name(obj: Any) -> str:
     return getattr(obj, "__qualname__", None) or type(obj).__name__
 
 
-def execute(job: Claimed) -> tuple[str | None, str | None]:
-    """Call the job's handler outside any transaction; return (error, traceback) or (None, None)."""
+def execute(job: Claimed) -> tuple[Any, str | None]:
+    """Call the job's handler outside any transaction; return (error, traceback) or (None, None).
+
+    A row no handler serves but a row runner does (a django.tasks row) returns that runner's
+    outcome as its error, which ``record`` hands back to the runner."""
     spec = registry.get(job.job_type)
     if spec is None:
+        rows = registry.row_runner(job.job_type)
+        if rows is not None:
+            return rows.run(job), None
         return f"no handler registered for job_type '{job.job_type}'", None
     try:
         call_handler(spec.func, job.payload)
@@ -140,10 +146,15 @@ def _close_old_connections() -> None:
         close_old_connections()
 
 
-def record(
-    store: Store, job: Claimed, error: str | None, tb: str | None, expired_before: int | None = None
-) -> str:
-    """Write the outcome, fenced on the claim; return what happened ('done', 'retry', 'dead', 'lost')."""
+def record(store: Store, job: Claimed, error: Any, tb: str | None, expired_before: int | None = None) -> str:
+    """Write the outcome, fenced on the claim; return what happened ('done', 'retry', 'dead', 'lost').
+
+    A row runner's row (a django.tasks row) is recorded by its runner, a failure and recovery's
+    error text included (tests/test_tasks_worker.py)."""
+    if error is not None:
+        rows = registry.row_runner(job.job_type)
+        if rows is not None:
+            return rows.record(store, job, error, expired_before)
     now = time.time()
     if error is not None:
         error = storable(error, ERROR_MAX)
@@ -210,7 +221,7 @@ def send_dead(job: Any) -> None:
 
 
 def record_or_fallback(
-    call: Callable[[Callable[[Store], str]], str], job: Claimed, error: str | None, tb: str | None
+    call: Callable[[Callable[[Store], str]], str], job: Claimed, error: Any, tb: str | None
 ) -> str:
     """Record an outcome through ``call`` (which runs a Store operation, retrying what may pass).
 
@@ -222,7 +233,7 @@ def record_or_fallback(
     try:
         return call(lambda s: record(s, job, error, tb))
     except DatabaseError as exc:
-        if error is None or is_transient(exc):
+        if not isinstance(error, str) or is_transient(exc):
             raise
         logger.error(
             "job %s (%s): the database refused its outcome (%s); recording it as plain text",

@@ -28,7 +28,7 @@ from .checks import TAG
 from .conf import jobs_settings
 from .db import queue_alias
 from .models import JobSchedule
-from .registry import registry
+from .registry import TASK_PREFIX, registry
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -39,7 +39,9 @@ BAD_OPTION = "rws_jobs.E104"
 DUPLICATE = "rws_jobs.E105"
 
 OPTION_KEYS = ("queue", "priority", "max_retries", "unique")
-KEYS = ("cron", "job_type", "payload", *OPTION_KEYS)
+JOB_KEYS = ("cron", "job_type", "payload", *OPTION_KEYS)
+TASK_KEYS = ("cron", "task", "args", "kwargs")  # a schedule of a django.tasks task (tasks/scheduled.py)
+KEYS = (*JOB_KEYS, *TASK_KEYS[1:])
 NAME_MAX = 191  # rws_job_schedules.name is VARCHAR(191)
 SETTINGS = "RWS_JOBS['SCHEDULES']"
 
@@ -127,19 +129,21 @@ def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[Sc
     if not isinstance(entry, dict):
         return None, [
             error(
-                f"must be a dict with 'cron' and 'job_type' (optional: {', '.join(KEYS[2:])}), "
+                f"must be a dict with 'cron' and 'job_type' (optional: {', '.join(JOB_KEYS[2:])}) or "
+                f"with 'cron' and 'task' (optional: {', '.join(TASK_KEYS[2:])}), "
                 f"got {type(entry).__name__} {entry!r:.60}",
                 BAD_OPTION,
             )
         ]
     unknown = [key for key in entry if key not in KEYS]
-    missing = [key for key in ("cron", "job_type") if key not in entry]
+    missing = [key for key in ("cron", "task" if "task" in entry else "job_type") if key not in entry]
     if unknown or missing:
         problems = []
         if unknown:
             problems.append(
                 error(
-                    f"unknown key(s) {', '.join(map(repr, unknown))}; the keys are {', '.join(KEYS)}",
+                    f"unknown key(s) {', '.join(map(repr, unknown))}; the keys are {', '.join(JOB_KEYS)} "
+                    f"(a task's: {', '.join(TASK_KEYS)})",
                     BAD_OPTION,
                 )
             )
@@ -154,14 +158,21 @@ def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[Sc
         problems.append(error(str(exc), NEVER_FIRES))
     except cron.CronError as exc:
         problems.append(error(str(exc), BAD_CRON))
-    job_type, payload = entry["job_type"], entry.get("payload", "")
+    job_type: Any = entry.get("job_type")
+    payload = entry.get("payload", "")
     options = {key: entry[key] for key in OPTION_KEYS if key in entry}
+    if "task" in entry:  # a django.tasks task (tasks/scheduled.py)
+        from .tasks import scheduled
+
+        job_type, payload, wrong = scheduled.check(entry)
+        problems += [error(message, BAD_OPTION) for message in wrong]
     try:
-        prepare(job_type, payload, **options)
+        if not problems or "task" not in entry:
+            prepare(job_type, payload, **options)
     except (TypeError, ValueError) as exc:
         problems.append(error(str(exc), BAD_OPTION))
     else:
-        if job_type not in registry:
+        if job_type not in registry and "task" not in entry:
             problems.append(
                 error(
                     f"job_type {job_type!r} has no registered handler; register one with "
@@ -263,7 +274,12 @@ def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, 
     with transaction.atomic(using=alias):
         if rows.filter(name=schedule.name, next_run_at=due).update(next_run_at=nxt, cron=expr.text) != 1:
             return 0  # another process claimed it
-        job_id = enqueue(schedule.job_type, schedule.payload, using=alias, **schedule.options)
+        if schedule.job_type.startswith(TASK_PREFIX):
+            from .tasks import scheduled
+
+            job_id = scheduled.enqueue(schedule.job_type, schedule.payload)
+        else:
+            job_id = enqueue(schedule.job_type, schedule.payload, using=alias, **schedule.options)
     logger.info("schedule %r due at %d enqueued job %s; next due at %d", schedule.name, due, job_id, nxt)
     return 1
 

@@ -115,7 +115,7 @@ class Store:
 
     # -- outcomes (each fenced on the claim's token) ---------------------------------------------
 
-    def _fenced(self, sql: str, params: list[Any], job: Claimed, expired_before: int | None = None) -> bool:
+    def fenced(self, sql: str, params: list[Any], job: Claimed, expired_before: int | None = None) -> bool:
         """Apply ``sql`` only while ``job.token`` still holds the row (and, for recovery, only
         while its lease is still expired: a holder that renewed in time keeps it)."""
         fenced = Sql(sql, params)
@@ -127,7 +127,7 @@ class Store:
             return c.rowcount == 1
 
     def complete(self, job: Claimed) -> bool:
-        return self._fenced("DELETE FROM rws_jobs", [], job)
+        return self.fenced("DELETE FROM rws_jobs", [], job)
 
     def reschedule(
         self,
@@ -138,7 +138,7 @@ class Store:
         next_run_at: int,
         expired_before: int | None = None,
     ) -> bool:
-        return self._fenced(
+        return self.fenced(
             "UPDATE rws_jobs SET status = 'pending', attempts = %s, last_error = %s, traceback = %s, "
             "next_run_at = %s, locked_by = NULL, locked_until = NULL",
             [attempts, error, tb, next_run_at],
@@ -156,7 +156,7 @@ class Store:
         expired_before: int | None = None,
     ) -> bool:
         """Move to the dead-letter list; a failed job no longer holds its unique key."""
-        return self._fenced(
+        return self.fenced(
             "UPDATE rws_jobs SET status = 'failed', attempts = %s, last_error = %s, traceback = %s, "
             "failed_at = %s, unique_hash = NULL, locked_by = NULL, locked_until = NULL",
             [attempts, error, tb, now],
@@ -166,7 +166,7 @@ class Store:
 
     def release(self, job: Claimed) -> bool:
         """Hand a job back unrun (graceful shutdown): pending again, no attempt charged."""
-        return self._fenced(
+        return self.fenced(
             "UPDATE rws_jobs SET status = 'pending', locked_by = NULL, locked_until = NULL", [], job
         )
 

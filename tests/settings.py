@@ -74,6 +74,15 @@ INSTALLED_APPS = [
     "django_rws_jobs",
     "tests.testapp",
 ]
+try:  # Django 6 has django.tasks; on Django 5.2 the backport is an app (the "tasks" extra)
+    import django.tasks  # noqa: F401
+except ImportError:
+    try:
+        import django_tasks  # noqa: F401
+
+        INSTALLED_APPS.append("django_tasks")
+    except ImportError:
+        pass
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -96,6 +105,14 @@ TEMPLATES = [
 ]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 STATIC_URL = "/static/"
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_rws_jobs.tasks.RwsJobsBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": json.loads(os.environ.get("RWS_TEST_TASK_OPTIONS", "{}")),
+    }
+}
 
 RWS_JOBS = {
     "BACKOFF_INITIAL": 0.5,

@@ -1,4 +1,5 @@
-"""The queue in Django's admin: jobs (read-only), the dead-letter list, schedules and a queue overview.
+"""The queue in Django's admin: jobs (read-only), the dead-letter list, schedules, a queue overview and
+django.tasks results.
 
 Importing this package (Django's admin autodiscovery does) registers the pages on ``admin.site``.
 """
@@ -7,5 +8,6 @@ from .dead import FailedJobAdmin
 from .jobs import JobAdmin
 from .overview_entry import QueueOverviewAdmin
 from .schedules import JobScheduleAdmin
+from .tasks import TaskResultAdmin
 
-__all__ = ["FailedJobAdmin", "JobAdmin", "JobScheduleAdmin", "QueueOverviewAdmin"]
+__all__ = ["FailedJobAdmin", "JobAdmin", "JobScheduleAdmin", "QueueOverviewAdmin", "TaskResultAdmin"]

@@ -29,6 +29,7 @@ from .common import (
     time_cell,
 )
 from .paginators import CappedCountPaginator
+from .tasks import TASK_FIELDS, TaskFields
 
 
 class DueFilter(admin.SimpleListFilter):
@@ -99,8 +100,9 @@ def _time_detail(ts: int | None) -> SafeString | str:
     )
 
 
-class JobDisplay(QueueDatabaseAdmin):
-    """Columns and detail fields shared by the jobs list and the dead-letter list."""
+class JobDisplay(TaskFields, QueueDatabaseAdmin):
+    """Columns and detail fields shared by the jobs list and the dead-letter list (a task row's
+    task fields too: admin/tasks.py)."""
 
     @admin.display(description=_("due"), ordering="next_run_at")
     def due(self, obj: Job) -> SafeString | str:
@@ -162,7 +164,7 @@ class JobDisplay(QueueDatabaseAdmin):
         (_("Error"), {"fields": ("error_detail", "traceback_detail")}),
         (_("Claim"), {"fields": ("locked_by", "lease_detail"), "classes": ("collapse",)}),
     )
-    readonly_fields = tuple(f for _title, opts in fieldsets for f in opts["fields"])
+    readonly_fields = (*(f for _title, opts in fieldsets for f in opts["fields"]), *TASK_FIELDS)
     search_fields = ("id", "job_type", "unique_key")
     # Counting the whole table a second time for "N results (M total)" is slow on big queues.
     show_full_result_count = False

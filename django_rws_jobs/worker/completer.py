@@ -6,12 +6,14 @@ import logging
 import queue
 import time
 from collections.abc import Callable
+from typing import Any
 
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections
 
 from ..conf import jobs_settings
 from ..reconnect import Connection, Retry
+from ..registry import registry
 from ..runner import record_or_fallback
 from ..store import Claimed, Store
 from .shared import Outcome, Shared, outcomes
@@ -64,9 +66,9 @@ class Completer:
                     deadline, lambda c: c.store().complete_many(succeeded), "recording finished jobs"
                 )
                 results += outcomes(succeeded, done)
-            for job, error, tb in items:
-                if error is not None:
-                    results.append(self._record_failure(deadline, job, error, tb))
+            others: list[Outcome] = [(job, error, tb) for job, error, tb in items if error is not None]
+            if others:
+                results += self._record_others(deadline, others)
         except DatabaseError as exc:
             logger.error(
                 "could not record %d job outcome(s): %s; their leases will expire and "
@@ -84,7 +86,35 @@ class Completer:
             self.shared.let_go([job for job, _, _ in items])
         self.shared.stats.add(results)
 
-    def _record_failure(self, deadline: float, job: Claimed, error: str, tb: str | None) -> str:
+    def _record_others(self, deadline: float, items: list[Outcome]) -> list[str]:
+        """Failures one by one; the rows of a row runner that records many at once (the
+        django.tasks rows: tasks/rows.py), in one call of it per batch."""
+        results: list[str] = []
+        batched: dict[int, tuple[Callable[..., list[str]], list[tuple[Claimed, Any]]]] = {}
+        for job, error, tb in items:
+            runner = None if isinstance(error, str) else registry.row_runner(job.job_type)
+            record_many = getattr(runner, "record_many", None)
+            if record_many is None:
+                results.append(self._record_failure(deadline, job, error, tb))
+            else:
+                batched.setdefault(id(runner), (record_many, []))[1].append((job, error))
+        for record_many, pairs in batched.values():
+
+            def record(c: Connection, f: Callable[..., list[str]] = record_many, p: Any = pairs) -> list[str]:
+                return f(c.store(), p)
+
+            try:
+                results += self.db.until(deadline, record, "recording tasks")
+            except Exception:
+                logger.exception(
+                    "could not record %d task outcome(s); their leases will expire and another "
+                    "worker will run them again",
+                    len(pairs),
+                )
+                results += ["lost"] * len(pairs)
+        return results
+
+    def _record_failure(self, deadline: float, job: Claimed, error: Any, tb: str | None) -> str:
         """Record one failure; one that cannot be recorded is logged and dropped (its lease
         expires and recovery runs the job again), and the other outcomes go on."""
 

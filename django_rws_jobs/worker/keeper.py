@@ -13,6 +13,7 @@ from ..conf import jobs_settings
 from ..db import is_transient
 from ..reconnect import Connection, Retry
 from ..runner import recover
+from ..tasks.prune import prune_expired
 from .shared import Shared
 
 logger = logging.getLogger("django_rws_jobs")
@@ -21,7 +22,8 @@ logger = logging.getLogger("django_rws_jobs")
 class LeaseKeeper:
     """Every third of LEASE_SECONDS, renew the leases of held jobs (each try once: the next round
     tries again, long before the lease runs out); every RECOVERY_INTERVAL, take back the jobs of
-    lost workers. It runs until ``done`` is set, after the completer recorded the last outcomes
+    lost workers and prune task results past their retention (tasks/prune.py). It runs until
+    ``done`` is set, after the completer recorded the last outcomes
     (tests/test_worker.py::test_sigterm_lets_the_running_job_finish_and_exits_0)."""
 
     def __init__(self, shared: Shared):
@@ -49,6 +51,7 @@ class LeaseKeeper:
                 self.db.once(lambda c: c.store().renew(tokens, until), "renewing leases")
             if time.monotonic() >= self.next_recovery and not self.shared.stop.is_set():
                 self.db.once(lambda c: recover(c.store()), "recovering expired leases")
+                prune_expired(self.shared.alias)  # django.tasks results past their retention
                 self.next_recovery = time.monotonic() + jobs_settings.recovery_interval
         except DatabaseError as exc:
             if not is_transient(exc):

@@ -46,6 +46,9 @@ DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DI
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 STATIC_URL = "static/"
 
+# Django's @task runs on the same tables and worker as the @job handlers (docs/tasks.md).
+TASKS = {"default": {"BACKEND": "django_rws_jobs.tasks.RwsJobsBackend", "QUEUES": ["default"]}}
+
 RWS_JOBS = {
     "MAX_RETRIES": 2,
     "SCHEDULES": {

@@ -6,6 +6,7 @@ from django.views.decorators.http import require_POST
 from django_rws_jobs import enqueue
 
 from .models import Order
+from .tasks import count_orders
 
 
 def home(request: HttpRequest) -> HttpResponse:
@@ -20,6 +21,7 @@ def place_order(request: HttpRequest) -> HttpResponse:
             email=request.POST.get("email") or "buyer@example.com", item=request.POST.get("item") or "teapot"
         )
         enqueue("shop.send_receipt", str(order.pk), unique=f"receipt:{order.pk}")
+        count_orders.enqueue(order.item)  # a django.tasks task, in the same transaction
     return redirect("home")
 
 

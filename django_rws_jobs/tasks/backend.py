@@ -1,0 +1,240 @@
+"""``RwsJobsBackend``: Django's ``@task`` API on the queue's tables.
+
+Importing this module touches neither models nor the database: Django makes the backend when a
+module with ``@task`` is imported, which may be before the app registry is ready.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from django.core import checks
+from django.db import connections
+
+from ..registry import TASK_PREFIX
+from . import history
+from .compat import (
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskResult,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+)
+
+#: OPTIONS this backend reads.
+OPTION_KEYS = ("MAX_ATTEMPTS", "RESULTS_RETENTION", "DATABASE")
+#: The default RESULTS_RETENTION: seven days, in seconds.
+DEFAULT_RETENTION = 7 * 24 * 3600
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RwsTask(Task):
+    """A task with this backend's options: ``max_attempts`` (None: the backend's budget) and
+    ``unique`` (True: while a task of this function with the same arguments waits or runs,
+    ``enqueue`` returns its result instead of adding another)."""
+
+    max_attempts: int | None = None
+    unique: bool = False
+
+    def with_options(self, *, max_attempts: int | None = None, unique: bool | None = None) -> RwsTask:
+        """A copy with other options (``using()`` for this backend's options)."""
+        changes: dict[str, Any] = {}
+        if max_attempts is not None:
+            changes["max_attempts"] = max_attempts
+        if unique is not None:
+            changes["unique"] = unique
+        return dataclasses.replace(self, **changes)
+
+
+class RwsJobsBackend(BaseTaskBackend):
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+    task_class = RwsTask
+
+    # -- options ---------------------------------------------------------------------------------
+
+    @property
+    def database(self) -> str:
+        from ..conf import jobs_settings
+
+        return self.options.get("DATABASE") or jobs_settings.DATABASE
+
+    def max_attempts(self, task: Task) -> int:
+        """The task's budget: its own, else OPTIONS["MAX_ATTEMPTS"], else RWS_JOBS MAX_RETRIES + 1."""
+        own = getattr(task, "max_attempts", None)
+        if own is not None:
+            return int(own)
+        if self.options.get("MAX_ATTEMPTS") is not None:
+            return int(self.options["MAX_ATTEMPTS"])
+        from ..conf import jobs_settings
+
+        return int(jobs_settings.MAX_RETRIES) + 1
+
+    @property
+    def retention(self) -> float | None:
+        """Seconds a result is kept (OPTIONS["RESULTS_RETENTION"], seconds or a timedelta); None: for ever."""
+        value = self.options.get("RESULTS_RETENTION", DEFAULT_RETENTION)
+        if isinstance(value, dt.timedelta):
+            return value.total_seconds()
+        return None if value is None else float(value)
+
+    # -- validation ------------------------------------------------------------------------------
+
+    def validate_task(self, task: Task) -> None:
+        """Django's checks, then what could never run in a worker, as InvalidTask."""
+        func = task.func
+        if getattr(func, "__module__", None) == "__main__":
+            raise InvalidTask(
+                "Task function must be defined at a module level: one defined in __main__ cannot be "
+                "imported by a worker."
+            )
+        run_after = task.run_after
+        if run_after is not None and not isinstance(run_after, dt.datetime):
+            raise InvalidTask(f"run_after must be an aware datetime, not {type(run_after).__name__}.")
+        super().validate_task(task)
+        if isinstance(task, RwsTask) and task.max_attempts is not None:
+            if isinstance(task.max_attempts, bool) or not isinstance(task.max_attempts, int):
+                raise InvalidTask(f"max_attempts must be a whole number, not {task.max_attempts!r}.")
+            if not 1 <= task.max_attempts <= 2**31:
+                raise InvalidTask(f"max_attempts must be between 1 and {2**31}, not {task.max_attempts}.")
+
+    # -- enqueue ---------------------------------------------------------------------------------
+
+    def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
+        """Insert the task's row in the caller's transaction; return its READY result."""
+        from ..api import insert_prepared
+
+        params = self.job_params(task, args, kwargs)
+        stored = history.load(params[2])  # the arguments as JSON made them, the time of enqueue
+        job_id = insert_prepared(self.database, params)
+        if job_id != params[0]:  # a unique task already waits or runs: its result
+            return self.get_result(job_id)
+        result = TaskResult(
+            task=task,
+            id=job_id,
+            status=TaskResultStatus.READY,
+            enqueued_at=history.when(stored["enqueued_at"]),
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=stored["args"],
+            kwargs=stored["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def job_params(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+        """The task's row as ``api.prepare`` makes one (enqueue's and enqueue_many's)."""
+        from ..api import prepare
+
+        self.validate_task(task)
+        args, kwargs = arguments(args, kwargs)
+        now = time.time()
+        unique = unique_key(task, args, kwargs) if getattr(task, "unique", False) else None
+        try:  # what the queue refuses besides Django's checks (a queue name over 64 characters)
+            return prepare(
+                TASK_PREFIX + task.module_path,
+                history.payload(args, kwargs, self.alias, task.run_after, now),
+                queue=task.queue_name,
+                priority=task.priority,
+                run_at=task.run_after,
+                unique=unique,
+                max_retries=self.max_attempts(task) - 1,
+                now=now,
+            )
+        except (TypeError, ValueError) as exc:
+            raise InvalidTask(str(exc)) from None
+
+    # -- results ---------------------------------------------------------------------------------
+
+    def get_result(self, result_id: str) -> TaskResult:
+        from .results import fetch
+
+        return fetch(self.database, result_id, TASK_PREFIX)
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        found = list(super().check(**kwargs))
+        unknown = sorted(set(self.options) - set(OPTION_KEYS))
+        if unknown:
+            found.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}]['OPTIONS'] has unknown keys: {', '.join(unknown)}",
+                    hint=f"known: {', '.join(OPTION_KEYS)}",
+                    id="rws_jobs.E201",
+                )
+            )
+        found += self._check_values()
+        return found
+
+    def _check_values(self) -> list[checks.CheckMessage]:
+        found: list[checks.CheckMessage] = []
+        where = f"TASKS[{self.alias!r}]['OPTIONS']"
+        attempts = self.options.get("MAX_ATTEMPTS")
+        if attempts is not None and (
+            isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1
+        ):
+            found.append(
+                checks.Error(
+                    f"{where}['MAX_ATTEMPTS'] must be a whole number >= 1, got {attempts!r}",
+                    id="rws_jobs.E202",
+                )
+            )
+        keep = self.options.get("RESULTS_RETENTION", DEFAULT_RETENTION)
+        if (
+            keep is not None
+            and not isinstance(keep, dt.timedelta)
+            and (isinstance(keep, bool) or not isinstance(keep, (int, float)) or not keep >= 0)
+        ):
+            found.append(
+                checks.Error(
+                    f"{where}['RESULTS_RETENTION'] must be seconds >= 0, a timedelta or None, got {keep!r}",
+                    id="rws_jobs.E203",
+                )
+            )
+        database = self.options.get("DATABASE")
+        if database is not None and database not in connections.settings:
+            found.append(
+                checks.Error(f"{where}['DATABASE'] {database!r} is not in DATABASES", id="rws_jobs.E204")
+            )
+        from ..validation import queue_name
+
+        for queue in sorted(self.queues):
+            try:
+                queue_name(queue)
+            except (TypeError, ValueError) as exc:
+                found.append(checks.Error(f"TASKS[{self.alias!r}]['QUEUES']: {exc}", id="rws_jobs.E205"))
+        return found
+
+
+def arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+    """``args`` and ``kwargs`` as the worker will see them, or InvalidTask when JSON would change
+    them (a set, an object, NaN, a key that is not a string)."""
+    try:
+        args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        text = history.dumps([args, kwargs])
+    except (TypeError, ValueError) as exc:
+        raise InvalidTask(f"Task arguments must be JSON serializable: {exc}") from None
+    if json.loads(text) != [args, kwargs]:
+        raise InvalidTask("Task arguments must survive a JSON round trip unchanged (keys must be strings).")
+    return args, kwargs
+
+
+def unique_key(task: Task, args: list[Any], kwargs: dict[str, Any]) -> str:
+    """The unique key of a unique task: its queue, arguments' digest."""
+    digest = hashlib.sha256(json.dumps([args, kwargs], sort_keys=True).encode()).hexdigest()
+    return f"{task.queue_name}:{digest}"

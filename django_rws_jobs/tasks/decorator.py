@@ -1,0 +1,36 @@
+"""``@task`` with this backend's options: Django's decorator, then ``with_options``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .compat import task_backends
+
+
+def task(
+    function: Callable[..., Any] | None = None,
+    *,
+    max_attempts: int | None = None,
+    unique: bool = False,
+    **options: Any,
+) -> Any:
+    """Django's ``@task`` (``priority``, ``queue_name``, ``backend``, ``takes_context``) plus
+    ``max_attempts`` and ``unique`` (see RwsTask); the backend must be an RwsJobsBackend."""
+    from .backend import RwsJobsBackend
+
+    try:
+        from django.tasks import task as django_task
+    except ImportError:  # Django 5.2: the backport
+        from django_tasks import task as django_task  # type: ignore[no-redef,unused-ignore]
+
+    def wrap(func: Callable[..., Any]) -> Any:
+        backend = task_backends[options.get("backend", "default")]
+        if not isinstance(backend, RwsJobsBackend):
+            raise TypeError(
+                f"max_attempts and unique need an RwsJobsBackend; TASKS[{backend.alias!r}] is "
+                f"{type(backend).__name__}"
+            )
+        return django_task(func, **options).with_options(max_attempts=max_attempts, unique=unique)
+
+    return wrap(function) if function is not None else wrap

@@ -1,0 +1,256 @@
+"""Record a task attempt's outcome, fenced on the claim, and send the signals once it is
+committed: success deletes the job row and writes the result in one transaction; a failure
+retries or moves the row to the dead-letter list, with its error in the history."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import traceback
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.db import transaction
+
+from ..backends.base import is_registered
+from ..registry import TASK_PREFIX
+from ..runner import ERROR_MAX, retry_at, send_dead, storable
+from ..store import Claimed, Store
+from . import history
+from .errors import WorkerLost
+
+logger = logging.getLogger("django_rws_jobs")
+
+
+@dataclasses.dataclass
+class TaskOutcome:
+    """One attempt's end: ``value`` (JSON) when it succeeded, else ``error`` (TaskError's fields)."""
+
+    result: Any  # the TaskResult as the attempt left it (None: the task could not be loaded)
+    started: float | None
+    finished: float
+    value: str | None = None
+    error: dict[str, str] | None = None
+
+
+def error_of(exc: BaseException) -> dict[str, str]:
+    kind = type(exc)
+    return {
+        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
+        "traceback": "".join(traceback.format_exception(kind, exc, exc.__traceback__)),
+    }
+
+
+def lost(job: Claimed, text: str) -> TaskOutcome:
+    """Recovery's outcome: a WorkerLost error whose message is ``text``."""
+    error = {
+        "exception_class_path": f"{WorkerLost.__module__}.{WorkerLost.__qualname__}",
+        "traceback": f"{WorkerLost.__module__}.{WorkerLost.__qualname__}: {text}\n",
+    }
+    return TaskOutcome(None, None, time.time(), error=error)
+
+
+def record_task(store: Store, job: Claimed, outcome: TaskOutcome, expired_before: int | None) -> str:
+    """Write the attempt's outcome, fenced on the claim; signal the final one once committed."""
+
+    if outcome.result is None:  # recovery, or a task that could not be loaded: the stored history
+        past = history.load(_history_text(store, job))
+        after = history.after_attempt(
+            past, history.worker_of(job.token), None, outcome.finished, outcome.error
+        )
+    else:
+        after = _after(job, outcome)
+    if outcome.error is None:
+        applied, what = _succeed(store, job, outcome, after), "done"
+    else:
+        applied, what = _fail(store, job, outcome, after, expired_before)
+    if not applied:
+        logger.warning(
+            "task %s (%s): result %r dropped: claim %s no longer holds it",
+            job.id,
+            job.job_type,
+            what,
+            job.token,
+        )
+        return "lost"
+    if what in ("done", "dead"):
+        _after_commit(store, lambda: finished(job, after, outcome))
+    return what
+
+
+def _history_text(store: Store, job: Claimed) -> str | None:
+    with store.cursor() as c:
+        c.execute("SELECT task_history FROM rws_jobs WHERE id = %s", [job.id])
+        row = c.fetchone()
+    return None if row is None else row[0]
+
+
+def _succeed(store: Store, job: Claimed, outcome: TaskOutcome, after: dict[str, Any]) -> bool:
+    """Delete the job row and write its result in one transaction: a result exists exactly when
+    the fenced deletion applied (tests/test_tasks_worker.py::test_a_late_result_writes_nothing)."""
+    with store.writes, store.atomic(), store.cursor() as c:
+        c.execute(
+            "DELETE FROM rws_jobs WHERE id = %s AND status = 'running' AND locked_by = %s",
+            [job.id, job.token],
+        )
+        if c.rowcount != 1:
+            return False
+        c.execute(f"{RESULT_INSERT} {RESULT_ROW}", _result_values(job, outcome, after))
+    return True
+
+
+def succeed_many(store: Store, pairs: list[tuple[Claimed, TaskOutcome]]) -> list[str]:
+    """Delete the job rows of succeeded tasks and write their results in one transaction; what a
+    claim no longer holds writes neither (as _succeed, for many)."""
+    if not pairs:
+        return []
+    if not store.features.can_return_deleted:  # MySQL: its deletion runs a transaction of its own
+        return [record_task(store, job, o, None) for job, o in pairs]
+    rows = {job.id: (job, o, _after(job, o)) for job, o in pairs}
+    by_token: dict[str, list[str]] = {}
+    for job, _o in pairs:
+        by_token.setdefault(job.token, []).append(job.id)
+    with store.writes, store.atomic(), store.cursor() as c:
+        deleted = [
+            i for token, ids in by_token.items() for i in store.backend.delete_finished(store, c, token, ids)
+        ]
+        if deleted:
+            values = [_result_values(*rows[i]) for i in deleted]
+            sql = f"{RESULT_INSERT} {', '.join([RESULT_ROW] * len(values))}"
+            c.execute(sql, [v for row in values for v in row])
+    gone = set(deleted)
+    for job_id in deleted:
+        job, outcome, after = rows[job_id]
+        _after_commit(store, lambda job=job, after=after, outcome=outcome: finished(job, after, outcome))
+    for job, _o in pairs:
+        if job.id not in gone:
+            logger.warning(
+                "task %s (%s): result 'done' dropped: claim %s no longer holds it",
+                job.id,
+                job.job_type,
+                job.token,
+            )
+    return ["done" if job.id in gone else "lost" for job, _o in pairs]
+
+
+RESULT_INSERT = (
+    "INSERT INTO rws_task_results (id, task_path, queue, priority, payload, return_value, history, "
+    "finished_at) VALUES"
+)
+RESULT_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s)"
+
+
+def _after(job: Claimed, outcome: TaskOutcome) -> dict[str, Any]:
+    """The history once this attempt is over (see history.after_attempt)."""
+    result = outcome.result
+    past: dict[str, Any] = {}
+    if result is not None:
+        past = {
+            "errors": [dataclasses.asdict(e) for e in result.errors],
+            "worker_ids": result.worker_ids[:-1],
+            "started_at": result.started_at.timestamp() if result.started_at else None,
+        }
+    return history.after_attempt(
+        past, history.worker_of(job.token), outcome.started, outcome.finished, outcome.error
+    )
+
+
+def _result_values(job: Claimed, outcome: TaskOutcome, after: dict[str, Any]) -> list[Any]:
+    return [
+        job.id,
+        job.job_type[len(TASK_PREFIX) :],
+        job.queue,
+        job.priority,
+        job.payload,
+        outcome.value,
+        history.dumps(after),
+        int(outcome.finished),
+    ]
+
+
+def _fail(
+    store: Store, job: Claimed, outcome: TaskOutcome, after: dict[str, Any], expired_before: int | None
+) -> tuple[bool, str]:
+    """Back to pending with a backoff while attempts are left, else to the dead-letter list."""
+    assert outcome.error is not None
+    attempts = job.attempts + 1
+    last_error = storable(outcome.error["traceback"].rstrip().rsplit("\n", 1)[-1], ERROR_MAX)
+    tb = storable(outcome.error["traceback"], 64_000, keep_end=True)
+    text = history.dumps(after)
+    if attempts <= job.max_retries:
+        due = retry_at(attempts, outcome.finished)
+        sql = (
+            "UPDATE rws_jobs SET status = 'pending', attempts = %s, last_error = %s, traceback = %s, "
+            "next_run_at = %s, task_history = %s, locked_by = NULL, locked_until = NULL"
+        )
+        return store.fenced(sql, [attempts, last_error, tb, due, text], job, expired_before), "retry"
+    now = int(outcome.finished)
+    sql = (
+        "UPDATE rws_jobs SET status = 'failed', attempts = %s, last_error = %s, traceback = %s, "
+        "failed_at = %s, task_history = %s, unique_hash = NULL, locked_by = NULL, locked_until = NULL"
+    )
+    applied = store.fenced(sql, [attempts, last_error, tb, now, text], job, expired_before)
+    if applied:
+        dead = job.as_job(
+            status="failed", attempts=attempts, last_error=last_error, traceback=tb, failed_at=now
+        )
+        _after_commit(store, lambda: send_dead(dead))
+    return applied, "dead"
+
+
+def _after_commit(store: Store, fn: Any) -> None:
+    """Run ``fn`` once the outcome is committed: at once on the worker's own connection, at the
+    commit of the caller's transaction for ``tick()`` inside one."""
+    if is_registered(store.conn):
+        transaction.on_commit(fn, using=store.conn.alias)
+    else:
+        fn()
+
+
+def finished(job: Claimed, after: dict[str, Any], outcome: TaskOutcome) -> None:
+    """Send task_finished for the final outcome, with the result as get_result reads it: the
+    attempt's own TaskResult brought to its end (as ImmediateBackend does), else one read from
+    the row as written (recovery's outcome)."""
+    from .compat import TaskError, TaskResultStatus, task_finished
+
+    result = outcome.result
+    if result is not None:
+        if outcome.error is not None:
+            result.errors.append(TaskError(**outcome.error))
+        status = TaskResultStatus.SUCCESSFUL if outcome.error is None else TaskResultStatus.FAILED
+        object.__setattr__(result, "status", status)
+        object.__setattr__(result, "finished_at", history.when(outcome.finished))
+    else:
+        result = _read_back(job, after, outcome)
+        if result is None:
+            return
+    send_robustly(task_finished, result)
+
+
+def _read_back(job: Claimed, after: dict[str, Any], outcome: TaskOutcome) -> Any:
+    from .results import build
+
+    status = "successful" if outcome.error is None else "failed"
+    row = (job.id, job.job_type, job.payload, status, job.queue, job.priority, None, None)
+    try:
+        return build((*row, history.dumps(after), outcome.value, int(outcome.finished)), TASK_PREFIX)
+    except Exception:  # noqa: BLE001  (a task that cannot be loaded has no TaskResult to send)
+        logger.warning(
+            "task %s (%s): task_finished not sent: the task cannot be loaded", job.id, job.job_type
+        )
+        return None
+
+
+def send_robustly(signal: Any, result: Any) -> None:
+    """Send ``signal`` to each receiver in turn; whatever one raises (even SystemExit) is logged
+    and stops neither the others nor the worker's thread."""
+    from .compat import task_backends
+
+    sender = type(task_backends[result.backend])
+    sync_receivers, async_receivers = signal._live_receivers(sender)
+    for receiver in [*sync_receivers, *(async_to_sync(r) for r in async_receivers)]:
+        try:
+            receiver(signal=signal, sender=sender, task_result=result)
+        except BaseException:  # noqa: BLE001
+            logger.exception("%r receiver raised for task %s", receiver, result.id)

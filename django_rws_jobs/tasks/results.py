@@ -1,0 +1,122 @@
+"""Read a task's result: its job row while it waits, runs or failed, its result row once it
+succeeded, in one query (tests/test_tasks_backend.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from django.db import connections
+from django.utils.module_loading import import_string
+
+from . import history
+from .compat import Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
+
+#: rws_jobs' status -> the task's.
+STATUSES = {
+    "pending": TaskResultStatus.READY,
+    "running": TaskResultStatus.RUNNING,
+    "failed": TaskResultStatus.FAILED,
+}
+
+#: A task's job row, or its result row: the same columns, in this order.
+RESULT_SQL = (
+    "SELECT id, job_type, payload, status, queue, priority, started_at, locked_by, task_history, "
+    "NULL, failed_at FROM rws_jobs WHERE id = %s "
+    "UNION ALL "
+    "SELECT id, task_path, payload, 'successful', queue, priority, NULL, NULL, history, return_value, "
+    "finished_at FROM rws_task_results WHERE id = %s"
+)
+
+
+def load_task(path: str) -> Task:
+    """The ``Task`` object a task row names by its module path; anything else is refused."""
+    try:
+        found = import_string(path)
+    except ImportError as exc:
+        raise ImportError(f"task {path!r} cannot be imported: {exc}") from exc
+    if not isinstance(found, Task):
+        raise TypeError(f"{path!r} is {type(found).__name__}, not a task (decorate it with @task)")
+    return found
+
+
+def fetch(alias: str, result_id: Any, prefix: str) -> TaskResult:
+    """The TaskResult of ``result_id``; TaskResultDoesNotExist for an unknown or malformed id, or
+    a job row that is not a task's."""
+    if not isinstance(result_id, str) or not 0 < len(result_id) <= 64 or "\x00" in result_id:
+        raise TaskResultDoesNotExist(result_id)
+    with connections[alias].cursor() as c:
+        c.execute(RESULT_SQL, [result_id, result_id])
+        rows = [r for r in c.fetchall() if r[0] == result_id]  # exact, whatever the collation
+    if not rows or (rows[0][3] != "successful" and not rows[0][1].startswith(prefix)):
+        raise TaskResultDoesNotExist(result_id)
+    return build(rows[0], prefix)
+
+
+def build(row: tuple[Any, ...], prefix: str) -> TaskResult:
+    """A TaskResult from RESULT_SQL's row."""
+    result_id, path, payload_text, status, queue, priority, started, token, history_text, value, ended = row
+    if path.startswith(prefix):
+        path = path[len(prefix) :]
+    payload = history.load(payload_text)
+    past = history.load(history_text)
+    try:
+        task = load_task(path)
+    except (ImportError, TypeError) as exc:
+        raise TaskResultDoesNotExist(f"{result_id}: {exc}") from exc
+    run_after = payload.get("run_after")
+    backend = payload.get("backend", task.backend)
+    if (
+        run_after is not None
+        or task.queue_name != queue
+        or task.priority != priority
+        or task.backend != backend
+        or task.run_after is not None
+    ):  # the task as enqueued, with .using()'s changes (replace validates the task again)
+        task = dataclasses.replace(
+            task,
+            queue_name=queue,
+            priority=int(priority),
+            backend=backend,
+            run_after=None if run_after is None else _parse(run_after),
+        )
+    state = TaskResultStatus.SUCCESSFUL if status == "successful" else STATUSES[status]
+    enqueued = float(payload.get("enqueued_at") or 0)
+    worker_ids = list(past.get("worker_ids") or [])
+    started_at = past.get("started_at")
+    attempted = past.get("last_attempted_at")
+    finished = (
+        past.get("finished_at") if state in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED) else None
+    )
+    if state == TaskResultStatus.RUNNING:
+        # The running attempt is in the claim, not yet in the history (a claim writes none).
+        attempted = max(float(started or 0), enqueued)
+        started_at = started_at or attempted
+        worker = history.worker_of(token)
+        if worker is not None:
+            worker_ids.append(worker)
+    if finished is None and state == TaskResultStatus.FAILED and ended is not None:
+        finished = max(float(ended), float(attempted or 0))
+    result = TaskResult(
+        task=task,
+        id=result_id,
+        status=state,
+        enqueued_at=history.when(enqueued),
+        started_at=history.when(started_at),
+        finished_at=history.when(finished),
+        last_attempted_at=history.when(attempted),
+        args=payload.get("args", []),
+        kwargs=payload.get("kwargs", {}),
+        backend=payload.get("backend", task.backend),
+        errors=[TaskError(**e) for e in past.get("errors") or []],
+        worker_ids=worker_ids,
+    )
+    if state == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", history.load_value(value))
+    return result
+
+
+def _parse(text: str) -> Any:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(text)

@@ -1,0 +1,116 @@
+"""The worker's side of django.tasks rows: run one like Django's ImmediateBackend does; its
+outcome is recorded by tasks/outcomes.py.
+
+Registered as the row runner of TASK_PREFIX at start-up (apps.py), so ``runner.execute`` and
+``runner.record`` hand task rows here and ``@job`` rows never see this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from asgiref.sync import async_to_sync, iscoroutinefunction
+from django.db import connections
+
+from ..registry import TASK_PREFIX
+from ..runner import _close_old_connections
+from ..store import Claimed, Store
+from . import history
+from .errors import TaskNotFound
+from .outcomes import TaskOutcome, error_of, lost, record_task, send_robustly, succeed_many
+
+logger = logging.getLogger("django_rws_jobs")
+
+
+class TaskRows:
+    """The row runner of ``django.tasks:`` rows (registry.RowRunner)."""
+
+    def run(self, job: Claimed) -> TaskOutcome:
+        try:
+            return run_task(job)
+        finally:
+            _close_old_connections()
+
+    def record(self, store: Store, job: Claimed, outcome: Any, expired_before: int | None) -> str:
+        if isinstance(outcome, str):  # recovery (a lost worker) or a runner's text: a failure
+            outcome = lost(job, outcome)
+        return record_task(store, job, outcome, expired_before)
+
+    def record_many(self, store: Store, pairs: list[tuple[Claimed, Any]]) -> list[str]:
+        """The worker's outcomes of one completer batch: the successes in one transaction (one
+        fenced DELETE per claim, one INSERT of their results), the others one by one."""
+        done = [(job, o) for job, o in pairs if isinstance(o, TaskOutcome) and o.error is None]
+        rest = [
+            self.record(store, job, o, None)
+            for job, o in pairs
+            if not (isinstance(o, TaskOutcome) and o.error is None)
+        ]
+        return rest + succeed_many(store, done)
+
+
+def run_task(job: Claimed) -> TaskOutcome:
+    """Call the task with its arguments (and a TaskContext), outside any transaction."""
+    from .compat import TaskContext, TaskResultStatus, task_started
+    from .results import build
+
+    started = time.time()
+    try:
+        result = build(_running_row(job, started), TASK_PREFIX)
+    except BaseException as exc:  # noqa: BLE001  (the task cannot even be loaded: a failure)
+        logger.error("task %s (%s) cannot run: %s", job.id, job.job_type, exc)
+        failure = TaskNotFound(str(exc))
+        failure.__cause__ = exc
+        return TaskOutcome(None, started, time.time(), error=error_of(failure))
+    send_robustly(task_started, result)
+    task = result.task
+    try:
+        func = task.func
+        call_args = [TaskContext(task_result=result), *result.args] if task.takes_context else result.args
+        if iscoroutinefunction(func):
+            value = async_to_sync(func)(*call_args, **result.kwargs)
+        else:
+            value = func(*call_args, **result.kwargs)
+        from .compat import normalize_json
+
+        text = history.dumps(normalize_json(value))
+    except BaseException as exc:  # noqa: BLE001  (every failure is the task's, as Django records it)
+        logger.error(
+            "task %s (%s) failed on attempt %d", job.id, task.module_path, result.attempts, exc_info=True
+        )
+        outcome = TaskOutcome(result, started, time.time(), error=error_of(exc))
+        object.__setattr__(result, "status", TaskResultStatus.FAILED)
+        return outcome
+    object.__setattr__(result, "_return_value", history.load_value(text))
+    return TaskOutcome(result, started, time.time(), value=text)
+
+
+def _running_row(job: Claimed, started: float) -> tuple[Any, ...]:
+    """The result row of a claimed task as get_result would read it (results.RESULT_SQL). The
+    history is read only for a retried task: a first attempt has none."""
+    past = _stored_history(job) if job.attempts else None
+    return (
+        job.id,
+        job.job_type,
+        job.payload,
+        "running",
+        job.queue,
+        job.priority,
+        started,
+        job.token,
+        past,
+        None,
+        None,
+    )
+
+
+def _stored_history(job: Claimed) -> str | None:
+    payload = history.load(job.payload)
+    from .compat import task_backends
+
+    alias = task_backends[payload.get("backend", "default")].database
+    with connections[alias].cursor() as c:
+        c.execute("SELECT task_history FROM rws_jobs WHERE id = %s", [job.id])
+        row = c.fetchone()
+    return None if row is None else row[0]

@@ -1,0 +1,81 @@
+"""Tasks (django.tasks) used by the tests; like the handlers, they leave traces in the database."""
+
+import asyncio
+import os
+import time
+
+from .jobs import _trace
+
+try:
+    from django.tasks import task
+except ImportError:  # Django 5.2: the backport, when installed
+    from django_tasks import task
+
+from django_rws_jobs.tasks import task as rws_task
+
+
+@task
+def record(payload: str) -> dict:
+    _trace("task", payload)
+    return {"payload": payload, "pid": os.getpid()}
+
+
+@task(queue_name="emails", priority=7)
+def email(to: str, subject: str = "") -> str:
+    _trace("email", f"{to}:{subject}")
+    return f"sent to {to}"
+
+
+@task
+def fail(message: str) -> None:
+    _trace("task-fail", message)
+    raise ValueError(message)
+
+
+@task(takes_context=True)
+def attempts(context, succeed_on: int) -> int:
+    """Fails until attempt ``succeed_on``; returns the attempt it succeeded on."""
+    _trace("attempt", str(context.attempt))
+    if context.attempt < succeed_on:
+        raise RuntimeError(f"attempt {context.attempt}")
+    return context.attempt
+
+
+@task
+async def asleep(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return "awake"
+
+
+@task
+def sleep(seconds: float) -> float:
+    _trace("task-start", str(seconds))
+    time.sleep(seconds)
+    _trace("task-end", str(seconds))
+    return seconds
+
+
+@task
+def unserialisable() -> object:
+    return object()
+
+
+@task
+def exit_worker() -> None:
+    _trace("task-exit", "")
+    os._exit(7)
+
+
+@task
+def noop() -> None:
+    pass
+
+
+@rws_task(max_attempts=1)
+def once(message: str) -> None:
+    raise ValueError(message)
+
+
+@rws_task(unique=True)
+def unique(key: str) -> str:
+    return key
