@@ -12,6 +12,10 @@ Workloads, per database:
   drain_future  the drain with F not-yet-due jobs in the table (jobs/s), and its share of a plain
               drain of as many jobs run just before it
   rss         the worker's peak resident memory during the drain (MB)
+  drain_processes  the drain with `--pool processes` (--workers children), and its share of the
+              thread pool's drain run just before it
+  cpu         C jobs of about 5 ms of pure Python each (jobs/s): `--workers 1`, `--workers 2`
+              (threads, which share one core under the GIL) and `--pool processes --workers 2`
 """
 
 from __future__ import annotations
@@ -111,7 +115,7 @@ def python_speed() -> float:
     return time.perf_counter() - t0
 
 
-def count_jobs() -> int:
+def count_jobs(job_type: str = "bench.noop") -> int:
     from django.db import connection
 
     with connection.cursor() as c:
@@ -120,8 +124,8 @@ def count_jobs() -> int:
         # measured time (the drain's end is confirmed by this count).
         c.execute(
             "SELECT COUNT(*) FROM rws_jobs WHERE status IN ('pending', 'running') "
-            "AND job_type = 'bench.noop' AND next_run_at <= %s",
-            [int(time.time())],
+            "AND job_type = %s AND next_run_at <= %s",
+            [job_type, int(time.time())],
         )
         return c.fetchone()[0]
 
@@ -150,8 +154,10 @@ def peak_rss_mb(pid: int) -> float:
 DRAIN_TIMEOUT = 600
 
 
-def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
-    """Enqueue n due no-op jobs, run one burst worker; return (jobs/s, peak RSS MB).
+def drain(
+    db: str, n: int, worker_args: list[str], job_type: str = "bench.noop", payload: str = ""
+) -> tuple[float, float]:
+    """Enqueue n due jobs (no-op ones by default), run one burst worker; return (jobs/s, peak RSS MB).
 
     The clock runs from the claim of the first job to the deletion of the last. The measurer
     polls primary-key lookups only (the jobs are claimed in id order: same due time, ids
@@ -160,7 +166,7 @@ def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
     """
     from django_rws_jobs import enqueue_many
 
-    ids = sorted(enqueue_many([("bench.noop", "")] * n))
+    ids = sorted(enqueue_many([(job_type, payload)] * n))
     first, last = ids[0], ids[-1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "django", "rws_worker", "--burst", *worker_args],
@@ -175,15 +181,15 @@ def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
     deadline = time.monotonic() + DRAIN_TIMEOUT
 
     def check_alive() -> None:
-        if proc.poll() is not None and count_jobs() != 0:  # look again: it may have just finished
+        if proc.poll() is not None and count_jobs(job_type) != 0:  # look again: it may have just finished
             raise RuntimeError(
-                f"worker exited with {proc.returncode} and {count_jobs()} jobs left: "
+                f"worker exited with {proc.returncode} and {count_jobs(job_type)} jobs left: "
                 f"{proc.stderr.read()[-2000:]}"
             )
         if time.monotonic() > deadline:  # alive but stuck (a role that dies as it starts, say)
             proc.kill()
             raise RuntimeError(
-                f"the drain took over {DRAIN_TIMEOUT} s and left {count_jobs()} jobs: "
+                f"the drain took over {DRAIN_TIMEOUT} s and left {count_jobs(job_type)} jobs: "
                 f"{proc.communicate()[1][-2000:]}"
             )
 
@@ -192,7 +198,7 @@ def drain(db: str, n: int, worker_args: list[str]) -> tuple[float, float]:
         time.sleep(0.001)
     t0 = time.perf_counter()
     while True:
-        if job_state(last) is None and count_jobs() == 0:
+        if job_state(last) is None and count_jobs(job_type) == 0:
             t1 = time.perf_counter()
             break
         rss = max(rss, peak_rss_mb(proc.pid))
@@ -264,6 +270,38 @@ def latency(db: str, count: int, gap: float, worker_args: list[str]) -> tuple[fl
         raise RuntimeError(f"only {len(values)} of {count} latency jobs ran")
     p99 = values[min(len(values) - 1, int(round(0.99 * (len(values) - 1))))]
     return statistics.median(values), p99
+
+
+def cpu_iterations(ms: float = 5.0) -> int:
+    """How many iterations of the CPU job's loop take about ``ms`` milliseconds here."""
+    from benchmarks.benchapp.jobs import cpu_work
+
+    n = 100_000
+    best = min(_timed(cpu_work, n) for _ in range(5))
+    return max(int(n * ms / 1000 / best), 1)
+
+
+def _timed(fn, *args) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
+def pool_workloads(db: str, args: argparse.Namespace, worker_args: list[str], results: dict[str, list]) -> None:
+    """The thread pool's drain and the process pool's beside it; the CPU-bound comparison."""
+    results["drain_threads"].append(drain(db, args.jobs, worker_args)[0])
+    clear()
+    processes = [*worker_args, "--pool", "processes"]
+    results["drain_processes"].append(drain(db, args.jobs, processes)[0])
+    clear()
+    iterations = str(cpu_iterations())
+    for key, cpu_args in (
+        ("cpu_threads1", ["--workers", "1"]),
+        ("cpu_threads2", ["--workers", "2"]),
+        ("cpu_processes2", ["--workers", "2", "--pool", "processes"]),
+    ):
+        results[key].append(drain(db, args.cpu_jobs, cpu_args, "bench.cpu", iterations)[0])
+        clear()
 
 
 def fill_future(f: int, bands: int = 0) -> None:
@@ -357,6 +395,11 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
             "latency_p99",
             "drain_beside",
             "drain_future",
+            "drain_threads",
+            "drain_processes",
+            "cpu_threads1",
+            "cpu_threads2",
+            "cpu_processes2",
         )
     }
     for r in range(args.repeat):
@@ -371,6 +414,10 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
             clear()
         if args.only_drain:
             print(f"  {db} run {r + 1}: drain={rate:.0f} rss={rss:.0f}", file=sys.stderr)
+            continue
+        if args.only_pool:
+            pool_workloads(db, args, worker_args, results)
+            print(f"  {db} run {r + 1}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items() if v), file=sys.stderr)
             continue
         if args.only_latency:
             poll = ["--poll-interval", "0.01"] if db == "mysql" else []
@@ -400,6 +447,8 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
         results["latency_p99"].append(p99)
         clear()
         future_pair(db, args, worker_args, results)
+        clear()
+        pool_workloads(db, args, worker_args, results)
         print(
             f"  {db} run {r + 1}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items() if v),
             file=sys.stderr,
@@ -412,6 +461,10 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
     med["future_share"] = statistics.median(shares) if shares else float("nan")
     med["future_share_of_first"] = med["drain_future"] / med["drain"] if med["drain"] else float("nan")
     results["future_share"] = shares
+    pool_shares = [p / t for p, t in zip(results["drain_processes"], results["drain_threads"], strict=False) if t]
+    med["processes_share"] = statistics.median(pool_shares) if pool_shares else float("nan")
+    for key in ("cpu_threads2", "cpu_processes2"):
+        med[f"{key}_x"] = med[key] / med["cpu_threads1"] if med["cpu_threads1"] else float("nan")
     return {"median": med, "runs": results}
 
 
@@ -434,12 +487,16 @@ def main() -> None:
     parser.add_argument("--latency-jobs", type=int, default=100)
     parser.add_argument("--future", type=int, default=1_000_000)
     parser.add_argument("--future-due", type=int, default=10_000)
+    parser.add_argument("--cpu-jobs", type=int, default=1000, help="jobs of the CPU-bound workload")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--worker-args", default="", help="extra rws_worker arguments")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--small", action="store_true", help="tiny sizes, one run (CI)")
     parser.add_argument("--only-drain", action="store_true", help="measure the plain drain only")
     parser.add_argument("--only-latency", action="store_true", help="measure the pickup latency only")
+    parser.add_argument(
+        "--only-pool", action="store_true", help="measure the process pool's drain and the CPU-bound jobs only"
+    )
     parser.add_argument(
         "--only-future",
         action="store_true",
@@ -449,7 +506,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.small:
         args.jobs, args.enqueue, args.bulk, args.latency_jobs = 300, 200, 2000, 10
-        args.future, args.future_due, args.repeat = 5000, 300, 1
+        args.future, args.future_due, args.repeat, args.cpu_jobs = 5000, 300, 1, 100
     if args.db_child:
         setup_django(args.db_child)
         print(json.dumps(run_db(args.db_child, args)))
@@ -508,6 +565,12 @@ def table(out: dict) -> str:
         ),
         ("  as a share of the first row's drain (medians)", "future_share_of_first", "{:.0%}"),
         ("worker peak RSS (MB)", "rss", "{:.0f}"),
+        (f"drain {out['args']['jobs']} due no-op jobs, the thread pool again (jobs/s)", "drain_threads", "{:,.0f}"),
+        ("  the same with --pool processes (jobs/s)", "drain_processes", "{:,.0f}"),
+        ("  --pool processes as a share of the threads' drain beside it (target >= 60%)", "processes_share", "{:.0%}"),
+        (f"CPU-bound: {out['args']['cpu_jobs']} jobs of ~5 ms pure Python, --workers 1 (jobs/s)", "cpu_threads1", "{:,.1f}"),
+        ("  --workers 2, threads (x of --workers 1; near 1x under the GIL)", "cpu_threads2_x", "{:.2f}x"),
+        ("  --workers 2 --pool processes (x of --workers 1; target >= 1.7x)", "cpu_processes2_x", "{:.2f}x"),
     ]
     lines = ["| workload | " + " | ".join(dbs) + " |", "|---|" + "---|" * len(dbs)]
     for label, key, fmt in rows:

@@ -87,6 +87,8 @@ class Job(models.Model):
     started_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds: last claim"))
     failed_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds: moved to dead"))
     traceback = models.TextField(null=True, blank=True)
+    # This job's own time limit (enqueue(timeout=)); NULL: its type's, else RWS_JOBS["TIMEOUT"].
+    timeout = models.FloatField(null=True, blank=True, help_text=_("seconds; empty: the job type's limit"))
 
     objects = JobQuerySet.as_manager()
 
