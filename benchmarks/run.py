@@ -287,7 +287,9 @@ def _timed(fn, *args) -> float:
     return time.perf_counter() - t0
 
 
-def pool_workloads(db: str, args: argparse.Namespace, worker_args: list[str], results: dict[str, list]) -> None:
+def pool_workloads(
+    db: str, args: argparse.Namespace, worker_args: list[str], results: dict[str, list]
+) -> None:
     """The thread pool's drain and the process pool's beside it; the CPU-bound comparison."""
     results["drain_threads"].append(drain(db, args.jobs, worker_args)[0])
     clear()
@@ -417,7 +419,10 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
             continue
         if args.only_pool:
             pool_workloads(db, args, worker_args, results)
-            print(f"  {db} run {r + 1}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items() if v), file=sys.stderr)
+            print(
+                f"  {db} run {r + 1}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items() if v),
+                file=sys.stderr,
+            )
             continue
         if args.only_latency:
             poll = ["--poll-interval", "0.01"] if db == "mysql" else []
@@ -461,7 +466,9 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
     med["future_share"] = statistics.median(shares) if shares else float("nan")
     med["future_share_of_first"] = med["drain_future"] / med["drain"] if med["drain"] else float("nan")
     results["future_share"] = shares
-    pool_shares = [p / t for p, t in zip(results["drain_processes"], results["drain_threads"], strict=False) if t]
+    pool_shares = [
+        p / t for p, t in zip(results["drain_processes"], results["drain_threads"], strict=False) if t
+    ]
     med["processes_share"] = statistics.median(pool_shares) if pool_shares else float("nan")
     for key in ("cpu_threads2", "cpu_processes2"):
         med[f"{key}_x"] = med[key] / med["cpu_threads1"] if med["cpu_threads1"] else float("nan")
@@ -495,7 +502,9 @@ def main() -> None:
     parser.add_argument("--only-drain", action="store_true", help="measure the plain drain only")
     parser.add_argument("--only-latency", action="store_true", help="measure the pickup latency only")
     parser.add_argument(
-        "--only-pool", action="store_true", help="measure the process pool's drain and the CPU-bound jobs only"
+        "--only-pool",
+        action="store_true",
+        help="measure the process pool's drain and the CPU-bound jobs only",
     )
     parser.add_argument(
         "--only-future",
@@ -565,10 +574,22 @@ def table(out: dict) -> str:
         ),
         ("  as a share of the first row's drain (medians)", "future_share_of_first", "{:.0%}"),
         ("worker peak RSS (MB)", "rss", "{:.0f}"),
-        (f"drain {out['args']['jobs']} due no-op jobs, the thread pool again (jobs/s)", "drain_threads", "{:,.0f}"),
+        (
+            f"drain {out['args']['jobs']} due no-op jobs, the thread pool again (jobs/s)",
+            "drain_threads",
+            "{:,.0f}",
+        ),
         ("  the same with --pool processes (jobs/s)", "drain_processes", "{:,.0f}"),
-        ("  --pool processes as a share of the threads' drain beside it (target >= 60%)", "processes_share", "{:.0%}"),
-        (f"CPU-bound: {out['args']['cpu_jobs']} jobs of ~5 ms pure Python, --workers 1 (jobs/s)", "cpu_threads1", "{:,.1f}"),
+        (
+            "  --pool processes as a share of the threads' drain beside it (target >= 60%)",
+            "processes_share",
+            "{:.0%}",
+        ),
+        (
+            f"CPU-bound: {out['args']['cpu_jobs']} jobs of ~5 ms pure Python, --workers 1 (jobs/s)",
+            "cpu_threads1",
+            "{:,.1f}",
+        ),
         ("  --workers 2, threads (x of --workers 1; near 1x under the GIL)", "cpu_threads2_x", "{:.2f}x"),
         ("  --workers 2 --pool processes (x of --workers 1; target >= 1.7x)", "cpu_processes2_x", "{:.2f}x"),
     ]

@@ -70,7 +70,9 @@ def timeout(value: Any, name: str = "timeout") -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {show(value)}")
     if not (isinstance(value, int) or math.isfinite(value)) or not 0 < value <= TIMEOUT_MAX:
-        raise ValueError(f"{name} {show(value)} is out of range; it must be above 0 and at most {TIMEOUT_MAX} s")
+        raise ValueError(
+            f"{name} {show(value)} is out of range; it must be above 0 and at most {TIMEOUT_MAX} s"
+        )
     return float(value)
 
 

@@ -37,6 +37,15 @@ def failed(job_id: str) -> bool:
     return Job.objects.filter(id=job_id, status="failed").exists()
 
 
+def next_job_runs_then_stop(w, said: str) -> None:
+    """A new child runs the next job; SIGTERM stops the worker with exit code 0 and its stats."""
+    rws.enqueue("test.record", "after")
+    wait_for(lambda: run_counts() == {"after": 1}, timeout=10, what="a new child to run the next job")
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.output()
+    assert said in w.output()
+
+
 def test_handlers_run_in_child_processes(workers):  # noqa: F811
     for i in range(6):
         rws.enqueue("test.pid", str(i))
@@ -53,11 +62,7 @@ def test_a_child_stuck_in_a_blocking_call_is_killed_and_the_next_job_runs(worker
     wait_for(lambda: failed(stuck), timeout=10, what="the blocked job to fail")
     assert Job.objects.get(id=stuck).last_error == "JobTimeout: ran longer than 1 s"
     wait_for(lambda: gone(pid), timeout=5, what="its child to be killed")
-    rws.enqueue("test.record", "after")
-    wait_for(lambda: run_counts() == {"after": 1}, timeout=10, what="a new child to run the next job")
-    w.signal(signal.SIGTERM)
-    assert w.wait() == 0, w.output()
-    assert "1 timed out" in w.output()
+    next_job_runs_then_stop(w, "1 timed out")
 
 
 def test_a_child_that_ignores_sigterm_is_killed_after_the_grace(workers):  # noqa: F811
@@ -82,11 +87,7 @@ def test_a_child_killed_mid_job_is_a_failed_attempt_recorded_at_once(workers):  
     assert time.monotonic() - t0 < 1.0
     job = Job.objects.get(id=job_id)
     assert (job.attempts, job.last_error) == (1, "worker child died: killed by signal SIGKILL")
-    rws.enqueue("test.record", "after")
-    wait_for(lambda: run_counts() == {"after": 1}, timeout=10, what="a new child to run the next job")
-    w.signal(signal.SIGTERM)
-    assert w.wait() == 0, w.output()
-    assert "1 child processes lost mid-job" in w.output()
+    next_job_runs_then_stop(w, "1 child processes lost mid-job")
 
 
 def test_max_jobs_per_child_recycles_children_losing_no_job(workers):  # noqa: F811

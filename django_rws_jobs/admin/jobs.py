@@ -190,7 +190,21 @@ class JobDisplay(QueueDatabaseAdmin):
         return pre(obj.traceback)
 
     fieldsets = (
-        (None, {"fields": ("id", "job_type", "status", "queue", "priority", "unique_key", "runs", "timeout_detail")}),
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "job_type",
+                    "status",
+                    "queue",
+                    "priority",
+                    "unique_key",
+                    "runs",
+                    "timeout_detail",
+                )
+            },
+        ),
         (_("Times"), {"fields": ("due_detail", "created_detail", "started_detail", "failed_detail")}),
         (_("Payload"), {"fields": ("payload_detail",)}),
         (_("Error"), {"fields": ("error_detail", "traceback_detail")}),

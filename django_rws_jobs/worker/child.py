@@ -1,7 +1,7 @@
 """A child process that runs handlers for one executor thread of ``rws_worker --pool processes``.
 
-Children are forked by multiprocessing's fork server, a process started once per worker with
-Django set up (``worker/preload.py``) and no threads or connections of its own: a child starts in
+Children are forked by multiprocessing's fork server, a process started once per worker with Django
+set up (``django_rws_jobs/preload.py``) and no threads or connections of its own: a child starts in
 milliseconds with the handlers imported, and shares no socket, lock or database connection with
 the worker's threads (a fork of the worker itself would copy connections that other threads use).
 The parent sends one job at a time over a pipe; the child answers (error, traceback, peak RSS MB).
@@ -29,7 +29,7 @@ class ChildDied(Exception):
 
 def _context() -> Any:
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["django_rws_jobs.worker.preload"])
+    ctx.set_forkserver_preload(["django_rws_jobs.preload"])
     return ctx
 
 
@@ -108,12 +108,7 @@ def serve(conn: Connection) -> None:
     os.setpgrp()  # a Ctrl-C or a group-wide signal reaches the worker only, which decides
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _terminate)
-    import django
-    from django.apps import apps
-
-    if not apps.ready:  # the fork server could not set Django up (see preload.py)
-        django.setup()
-    from django.db import connections
+    from django.db import connections  # (Django is set up: the fork server imported preload.py)
 
     from ..runner import describe, execute
 

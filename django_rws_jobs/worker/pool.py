@@ -145,7 +145,11 @@ class ProcessExecutor(Executor):
                 return True, None, None  # killed to hand the job back: the worker does that
             self.shared.stats.count("children_lost")
             logger.error(
-                "job %s (%s): its child process %d died while it ran: %s", job.id, job.job_type, child.pid, exc
+                "job %s (%s): its child process %d died while it ran: %s",
+                job.id,
+                job.job_type,
+                child.pid,
+                exc,
             )
             return False, f"worker child died: {exc}", None
         if answer is None:

@@ -157,7 +157,9 @@ class Worker:
             }
             roles["rws-timeouts"] = self._watchdog.loop
         else:
-            roles = {f"rws-job-{i}": lambda: ProcessExecutor(shared, pool).loop() for i in range(self.threads)}
+            roles = {
+                f"rws-job-{i}": lambda: ProcessExecutor(shared, pool).loop() for i in range(self.threads)
+            }
         roles["rws-dispatcher"] = lambda: Dispatcher(
             shared,
             self.features,

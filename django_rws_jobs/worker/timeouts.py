@@ -24,6 +24,7 @@ from .shared import Shared
 
 logger = logging.getLogger("django_rws_jobs")
 
+
 def timeout_for(job: Claimed, default: float | None) -> float | None:
     """The job's time limit in seconds: its own, else its type's (``@job(timeout=None)`` means
     none), else ``default`` (RWS_JOBS["TIMEOUT"])."""
@@ -61,7 +62,10 @@ class Watchdog:
     def __init__(self, shared: Shared, grace: float):
         self.shared = shared
         self.grace = grace
-        self.cond = threading.Condition()
+        # A plain Lock, entered by C code only: a JobTimeout raised in a thread that enters a
+        # Python-level lock (a Condition) can leave it held for ever.
+        self.lock = threading.Lock()
+        self.wake = threading.Event()  # a new watch, or close()
         self.watches: set[Watch] = set()
         self.closed = False
 
@@ -69,9 +73,9 @@ class Watchdog:
         """Run ``job`` in the calling thread under its limit: (abandoned, error, traceback).
         Abandoned, the failure is recorded already: the caller drops its outcome."""
         watch = Watch(job, threading.get_ident(), seconds, time.monotonic() + seconds)
-        with self.cond:
+        with self.lock:
             self.watches.add(watch)
-            self.cond.notify()
+        self.wake.set()
         try:
             try:
                 error, tb = execute(job)
@@ -79,14 +83,16 @@ class Watchdog:
                 self._finish(watch)
         except JobTimeout:  # raised in the handler, or in this frame before _finish ran
             self._finish(watch)
-            logger.error("job %s (%s) ran longer than its %g s limit: interrupted", job.id, job.job_type, seconds)
+            logger.error(
+                "job %s (%s) ran longer than its %g s limit: interrupted", job.id, job.job_type, seconds
+            )
             return watch.abandoned, timeout_message(seconds), storable(traceback.format_exc(), TRACEBACK_MAX)
         if watch.fired:  # it returned past its deadline (or swallowed JobTimeout): a failure all the same
             return watch.abandoned, timeout_message(seconds), tb
         return False, error, tb
 
     def _finish(self, watch: Watch) -> None:
-        with self.cond:
+        with self.lock:
             if not watch.finished:
                 watch.finished = True
                 self.watches.discard(watch)
@@ -94,17 +100,18 @@ class Watchdog:
                     _async_raise(watch.ident, None)  # not delivered yet: it must not hit the executor
 
     def close(self) -> None:
-        with self.cond:
-            self.closed = True
-            self.cond.notify()
+        self.closed = True
+        self.wake.set()
 
     def loop(self) -> None:
-        with self.cond:
-            while not self.closed:
-                self.cond.wait(self.run_once(time.monotonic()))
+        while not self.closed:
+            with self.lock:
+                wait = self.run_once(time.monotonic())
+            self.wake.wait(wait)
+            self.wake.clear()
 
     def run_once(self, now: float) -> float | None:
-        """Interrupt and abandon what is due at ``now`` (the caller holds ``cond``); return the
+        """Interrupt and abandon what is due at ``now`` (the caller holds ``lock``); return the
         seconds until the next thing to do, None when nothing is watched (a new watch wakes it)."""
         if not self.watches:
             return None
@@ -144,4 +151,3 @@ class Watchdog:
             shared.abandoned.add(watch.ident)
             shared.free += 1
             shared.cond.notify_all()
-

@@ -139,12 +139,16 @@ job_dead.connect(_on_dead_exit, dispatch_uid="tests.on_dead_exit")
 job_dead.connect(_on_dead_record, dispatch_uid="tests.on_dead_record")
 
 
+def _forever(step: float) -> None:
+    while True:
+        time.sleep(step)
+
+
 @job("test.spin")
 def spin(payload: str) -> None:
     """Runs for ever in small steps: Python can interrupt it between two."""
     _trace("spin", payload)
-    while True:
-        time.sleep(0.02)
+    _forever(0.02)
 
 
 @job("test.catch_timeout")
@@ -154,8 +158,7 @@ def catch_timeout(payload: str) -> None:
 
     _trace("spin", payload)
     try:
-        while True:
-            time.sleep(0.02)
+        _forever(0.02)
     except JobTimeout:
         _trace("caught", payload)
 
@@ -189,8 +192,7 @@ def block_ignoring_sigterm(payload: str) -> None:
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     _trace("block", payload)
-    while True:
-        time.sleep(3600)
+    _forever(3600)
 
 
 @job("test.pid")
@@ -206,4 +208,3 @@ def leak(payload: str) -> None:
     """Keeps ``payload`` MB for the rest of the process's life."""
     _leaked.append(b"\x01" * (int(payload) * 1024 * 1024))  # written, so resident
     _trace("leak", payload)
-

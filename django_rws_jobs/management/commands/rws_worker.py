@@ -134,7 +134,9 @@ class Command(BaseCommand):
             max_jobs_per_child=options["max_jobs_per_child"],
             max_memory_per_child=options["max_memory_per_child"],
         )
-        if options["pool"] == "threads" and (options["max_jobs_per_child"] or options["max_memory_per_child"]):
+        if options["pool"] == "threads" and (
+            options["max_jobs_per_child"] or options["max_memory_per_child"]
+        ):
             raise CommandError("--max-jobs-per-child and --max-memory-per-child need --pool processes")
         if options["processes"] > 1:
             code = self._run_processes(options["processes"], settings)
