@@ -116,6 +116,8 @@ class Worker:
                 connections.close_all()
         self._keeper = LeaseKeeper(self.shared)
         self._watchdog = Watchdog(self.shared, float(jobs_settings.TIMEOUT_GRACE))
+        if self.pool is not None:
+            self.pool.prestart(self.threads)
         roles = self._roles()
         for name, target in roles.items():
             self._spawn(name, target)
