@@ -27,6 +27,7 @@ FIELDS = tuple(f.name for f in dataclasses.fields(Claimed))
 def astuple(job: Claimed) -> tuple[Any, ...]:
     return tuple([getattr(job, name) for name in FIELDS])
 
+
 #: What a child answers for a job: (error, traceback, its peak resident memory in MB).
 Answer = tuple["str | None", "str | None", float]
 
