@@ -145,3 +145,23 @@ def test_pool_options_are_checked(workers):  # noqa: F811
     assert w.wait() != 0 and "need --pool processes" in w.output()
     w = workers(*POOL, "--max-memory-per-child", "0", "--burst")
     assert w.wait() != 0 and "is not a whole number of at least 1" in w.output()
+
+
+def test_a_handler_raising_system_exit_ends_its_child_and_the_next_job_is_not_charged(workers):  # noqa: F811
+    rws.enqueue("test.system_exit", "boom", max_retries=0)
+    for i in range(3):
+        rws.enqueue("test.pid", str(i), max_retries=0)
+    w = workers("--workers", "1", *POOL, "--burst")
+    assert w.wait() == 0, w.output()
+    assert list(Job.objects.values_list("last_error", flat=True)) == ["SystemExit: 3"]
+    assert run_counts("pid") == {"0": 1, "1": 1, "2": 1}  # each ran once, none lost with the child
+    exited = Run.objects.get(kind="system_exit").pid
+    assert exited not in set(Run.objects.filter(kind="pid").values_list("pid", flat=True))
+
+
+def test_several_worker_processes_each_with_a_process_pool(workers):  # noqa: F811
+    for i in range(40):
+        rws.enqueue("test.pid", str(i))
+    w = workers("--processes", "2", "--workers", "2", *POOL, "--burst")
+    assert w.wait(120) == 0, w.output()
+    assert run_counts("pid") == Counter(str(i) for i in range(40)) and not Job.objects.exists()

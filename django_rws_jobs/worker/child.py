@@ -4,7 +4,7 @@ Children are forked by multiprocessing's fork server, a process started once per
 set up (``django_rws_jobs/preload.py``) and no threads or connections of its own: a child starts in
 milliseconds with the handlers imported, and shares no socket, lock or database connection with
 the worker's threads (a fork of the worker itself would copy connections that other threads use).
-The parent sends one job at a time over a pipe; the child answers (error, traceback, peak RSS MB).
+The parent sends one job at a time over a pipe; the child answers with its outcome (Answer).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ def astuple(job: Claimed) -> tuple[Any, ...]:
     return tuple([getattr(job, name) for name in FIELDS])
 
 
-#: What a child answers for a job: (error, traceback, its peak resident memory in MB).
-Answer = tuple["str | None", "str | None", float]
+#: What a child answers for a job: (error, traceback, its peak resident memory in MB, whether it
+#: exits now: a handler raised SystemExit or the like, and a job sent to it would be lost).
+Answer = tuple["str | None", "str | None", float, bool]
 
 
 class ChildDied(Exception):
@@ -128,9 +129,9 @@ def serve(conn: Connection) -> None:
             try:
                 error, tb = execute(job)
             except BaseException as exc:  # SystemExit and the like: a failure; then this child ends
-                conn.send((describe(exc), traceback.format_exc(), _peak_mb()))
+                conn.send((describe(exc), traceback.format_exc(), _peak_mb(), True))
                 raise
-            conn.send((error, tb, _peak_mb()))
+            conn.send((error, tb, _peak_mb(), False))
     except EOFError:
         pass  # the worker is gone
     except BaseException:

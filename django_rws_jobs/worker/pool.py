@@ -178,7 +178,7 @@ class ProcessExecutor(Executor):
             self.shared.stats.count("timed_out")
             self._drop(child, kill=True)
             return False, timeout_message(seconds), None
-        why = self.pool.spent(child)
+        why = "its handler raised " + (answer[0] or "") if answer[3] else self.pool.spent(child)
         if why is not None:
             logger.info("retiring child process %d: %s", child.pid, why)
             self._drop(child, stop=True)
