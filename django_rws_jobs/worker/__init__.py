@@ -8,7 +8,8 @@ jobs and takes back expired ones; the :class:`Scheduler` enqueues due cron jobs;
 :class:`Listener` turns NOTIFY into a wake-up (polling still runs). In the thread pool a
 :class:`Watchdog` enforces time limits; with ``--pool processes`` each executor is a
 :class:`ProcessExecutor` whose handlers run in a child process (worker/pool.py, worker/child.py).
-Signal handlers only set flags; every wait is on an Event, so a stop is instant. docs/design.md describes them.
+Signal handlers only set flags; every wait is on an Event, so a stop is instant. docs/design.md
+describes them.
 """
 
 from ..ids import claim_token, worker_id
