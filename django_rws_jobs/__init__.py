@@ -11,6 +11,7 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .exceptions import JobTimeout
 from .registry import job, register
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ __all__ = [
     "delete",
     "tick",
     "tick_schedules",
+    "JobTimeout",
 ]
 
 
@@ -41,12 +43,13 @@ def enqueue(
     run_in: dt.timedelta | float | None = None,
     unique: str | None = None,
     max_retries: int | None = None,
+    timeout: float | None = None,
     using: str | None = None,
 ) -> str:
     """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
 
     With ``unique=key``, while a job of this type and key is pending or running nothing is
-    inserted and that job's id is returned.
+    inserted and that job's id is returned. ``timeout``: this job's time limit in seconds.
     """
     from .api import enqueue as _enqueue
 
@@ -59,6 +62,7 @@ def enqueue(
         run_in=run_in,
         unique=unique,
         max_retries=max_retries,
+        timeout=timeout,
         using=using,
     )
 

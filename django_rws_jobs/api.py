@@ -26,9 +26,20 @@ from .validation import integer as _int
 from .validation import job_id as _job_id
 from .validation import only_known as _only_known
 from .validation import text as _text
+from .validation import timeout as _timeout
 
 #: What a dict item of enqueue_many may hold: enqueue's options, nothing internal.
-ITEM_KEYS = ("job_type", "payload", "queue", "priority", "run_at", "run_in", "unique", "max_retries")
+ITEM_KEYS = (
+    "job_type",
+    "payload",
+    "queue",
+    "priority",
+    "run_at",
+    "run_in",
+    "unique",
+    "max_retries",
+    "timeout",
+)
 
 
 def unique_hash(job_type: str, unique: str) -> str:
@@ -45,6 +56,7 @@ def prepare(
     run_in: Any = None,
     unique: Any = None,
     max_retries: Any = None,
+    timeout: Any = None,
     now: float | None = None,
 ) -> list[Any]:
     """Validate one job's arguments and return its INSERT parameters (the id included)."""
@@ -73,6 +85,7 @@ def prepare(
         queue,
         priority,
         unique,
+        _timeout(timeout),
         unique_hash(job_type, unique) if unique is not None else None,
     ]
 
@@ -87,12 +100,14 @@ def enqueue(
     run_in: dt.timedelta | float | None = None,
     unique: str | None = None,
     max_retries: int | None = None,
+    timeout: float | None = None,
     using: str | None = None,
 ) -> str:
     """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
 
     With ``unique=key``, while a job of this type and key is pending or running nothing is
     inserted and that job's id is returned (the database enforces it across processes).
+    ``timeout`` (seconds) is this job's time limit; None leaves it to its type's, or the setting's.
     """
     params = prepare(
         job_type,
@@ -103,6 +118,7 @@ def enqueue(
         run_in=run_in,
         unique=unique,
         max_retries=max_retries,
+        timeout=timeout,
     )
     return insert_prepared(queue_alias(using), params)
 

@@ -63,6 +63,8 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "SCHEDULES": ("rws_jobs.E010", lambda v: isinstance(v, dict), "a dict of name -> schedule"),
     "RECOVERY_INTERVAL": ("rws_jobs.E011", *_optional(_bounded(SECONDS, 0, DAY, above=True))),
     "WORKER_SYNCHRONOUS_COMMIT": ("rws_jobs.E012", lambda v: isinstance(v, bool), "True or False"),
+    "TIMEOUT": ("rws_jobs.E015", *_optional(_bounded(SECONDS, 0, WEEK, above=True))),
+    "TIMEOUT_GRACE": ("rws_jobs.E016", *_bounded(SECONDS, 0, 3600, above=True)),
     "SQLITE_SETUP_ALIASES": (
         "rws_jobs.E014",
         lambda v: (

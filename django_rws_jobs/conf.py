@@ -15,6 +15,12 @@ DEFAULTS: dict[str, Any] = {
     "POLL_INTERVAL": 0.5,
     "LEASE_SECONDS": 60,
     "SHUTDOWN_TIMEOUT": 30,
+    # Seconds a job may run before it fails with JobTimeout; None: no limit. @job(timeout=) and
+    # enqueue(timeout=) override it.
+    "TIMEOUT": None,
+    # Seconds a timed-out handler gets to stop before its thread is abandoned (thread pool) or
+    # its child process is killed with SIGKILL (process pool).
+    "TIMEOUT_GRACE": 5,
     "SCHEDULES": {},
     # How often (seconds) a worker looks for expired leases; None means LEASE_SECONDS / 2.
     "RECOVERY_INTERVAL": None,

@@ -90,6 +90,8 @@ class Job(models.Model):
     # Task rows only (django_rws_jobs.tasks): JSON of the errors, worker ids and times of the
     # attempts so far. Written by outcome writes, never by the claim (tasks/history.py).
     task_history = models.TextField(null=True, blank=True, editable=False)
+    # This job's own time limit (enqueue(timeout=)); NULL: its type's, else RWS_JOBS["TIMEOUT"].
+    timeout = models.FloatField(null=True, blank=True, help_text=_("seconds; empty: the job type's limit"))
 
     objects = JobQuerySet.as_manager()
 

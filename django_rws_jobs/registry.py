@@ -7,12 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .validation import INT32_MAX, INT64_MAX, INT64_MIN, integer, only_known, queue_name, show, text
+from .validation import INT32_MAX, INT64_MAX, INT64_MIN, integer, only_known, queue_name, show, text, timeout
 
 Handler = Callable[[str], Any]
 
 #: What @job and register() accept besides the handler.
-OPTIONS = ("queue", "priority", "max_retries", "schedule")
+OPTIONS = ("queue", "priority", "max_retries", "timeout", "schedule")
 #: The job_type prefix of django.tasks rows (``django.tasks:<module path>``): reserved, no handler
 #: may be registered under it (tests/test_tasks_backend.py::test_the_task_prefix_is_reserved).
 TASK_PREFIX = "django.tasks:"
@@ -118,6 +118,8 @@ def _check_options(job_type: str, options: dict[str, Any]) -> None:
             integer("priority", options["priority"], INT64_MIN, INT64_MAX)
         if "max_retries" in options:
             integer("max_retries", options["max_retries"], 0, INT32_MAX)
+        if "timeout" in options:
+            timeout(options["timeout"])
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"job_type {show(job_type)}: {exc}") from None
 
@@ -161,7 +163,8 @@ def register(job_type: str, func: Handler, **options: Any) -> Handler:
 def job(job_type: str, **options: Any) -> Callable[[Handler], Handler]:
     """Decorate a function ``f(payload: str)`` as the handler of ``job_type``.
 
-    ``queue``, ``priority`` and ``max_retries`` become this type's enqueue defaults;
+    ``queue``, ``priority`` and ``max_retries`` become this type's enqueue defaults; ``timeout``
+    (seconds) its time limit, unless the job was enqueued with one;
     ``schedule="0 0 3 * * *"`` (or a dict with ``name``, ``cron``, ``payload`` and options, or a
     list of them) declares a cron schedule that enqueues it.
     """

@@ -58,6 +58,24 @@ def integer(name: str, value: Any, lo: int, hi: int) -> int:
     return value
 
 
+#: The longest time limit a job may have: a week, as LEASE_SECONDS.
+TIMEOUT_MAX = 7 * 86400
+
+
+def timeout(value: Any, name: str = "timeout") -> float | None:
+    """None (no limit of its own) or a job's time limit in seconds: a finite number above 0 and at
+    most TIMEOUT_MAX. (tests/test_timeouts.py::test_bad_timeouts_are_refused_naming_the_value)"""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, got {type(value).__name__} {show(value)}")
+    if not (isinstance(value, int) or math.isfinite(value)) or not 0 < value <= TIMEOUT_MAX:
+        raise ValueError(
+            f"{name} {show(value)} is out of range; it must be above 0 and at most {TIMEOUT_MAX} s"
+        )
+    return float(value)
+
+
 def queue_name(value: Any, name: str = "queue name") -> str:
     """A queue name that ``rws_worker --queues a,b`` can select: 1 to 64 characters, no comma,
     no whitespace at either end (the option's list is split at commas and stripped) and no

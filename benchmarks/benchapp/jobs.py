@@ -14,3 +14,16 @@ def latency(payload: str) -> None:
 
     started = time.time()
     Pickup.objects.create(seq=int(payload), started=started)
+
+
+def cpu_work(iterations: int) -> int:
+    """Pure Python arithmetic: it holds the GIL throughout."""
+    total = 0
+    for i in range(iterations):
+        total += i * i % 7
+    return total
+
+
+@job("bench.cpu")
+def cpu(payload: str) -> None:
+    cpu_work(int(payload))

@@ -15,6 +15,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from .. import humanize
+from ..conf import jobs_settings
 from ..models import Job, JobQuerySet, Status
 from ..registry import registry
 from . import overview
@@ -92,6 +93,16 @@ class JobTypeFilter(DeclaredChoicesFilter):
         return set(registry.job_types())
 
 
+def limit_of(job: Job) -> tuple[float | None, str]:
+    """A job's time limit and where it comes from."""
+    if job.timeout is not None:
+        return job.timeout, str(_("this job's own"))
+    spec = registry.get(job.job_type)
+    if spec is not None and "timeout" in spec.options:
+        return spec.options["timeout"], str(_("its job type's"))
+    return jobs_settings.TIMEOUT, str(_("RWS_JOBS['TIMEOUT']"))
+
+
 def _time_detail(ts: int | None) -> SafeString | str:
     if ts is None:
         return "-"
@@ -145,6 +156,12 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
     def lease_detail(self, obj: Job) -> SafeString | str:
         return _time_detail(obj.locked_until)
 
+    @admin.display(description=_("time limit"))
+    def timeout_detail(self, obj: Job) -> str:
+        """The limit the job runs under: its own, else its type's, else RWS_JOBS["TIMEOUT"]."""
+        seconds, source = limit_of(obj)
+        return "none" if seconds is None else f"{seconds:g} s ({source})"
+
     @admin.display(description=_("payload"))
     def payload_detail(self, obj: Job) -> SafeString | str:
         return pre(obj.payload)
@@ -158,7 +175,21 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
         return pre(obj.traceback)
 
     fieldsets = (
-        (None, {"fields": ("id", "job_type", "status", "queue", "priority", "unique_key", "runs")}),
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "job_type",
+                    "status",
+                    "queue",
+                    "priority",
+                    "unique_key",
+                    "runs",
+                    "timeout_detail",
+                )
+            },
+        ),
         (_("Times"), {"fields": ("due_detail", "created_detail", "started_detail", "failed_detail")}),
         (_("Payload"), {"fields": ("payload_detail",)}),
         (_("Error"), {"fields": ("error_detail", "traceback_detail")}),

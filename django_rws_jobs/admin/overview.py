@@ -15,6 +15,7 @@ from django.utils.translation import gettext as _
 
 from .. import humanize
 from ..db import queue_alias
+from ..exceptions import TIMED_OUT
 from ..models import Job, Status
 from .common import COUNT_CAP, links, now
 
@@ -28,7 +29,7 @@ SEGMENTS = (
 
 
 #: The counts of a row, as the table shows them.
-COUNTS = ("pending", "due", "running", "lease_expired", "failed")
+COUNTS = ("pending", "due", "running", "lease_expired", "failed", "timed_out")
 
 
 @dataclass
@@ -39,6 +40,7 @@ class QueueStats:
     running: int = 0
     lease_expired: int = 0
     failed: int = 0
+    timed_out: int = 0  # of the failed: those whose last attempt ran past its time limit
     oldest_due: int | None = None  # next_run_at of the longest-waiting due job
 
     @property
@@ -70,6 +72,8 @@ def queue_stats(at: int, using: str | None = None) -> list[QueueStats]:
             setattr(s, attr, _capped(in_status.filter(queue=queue)))
             if status == Status.PENDING:
                 _count_due(s, in_status.filter(queue=queue), at)
+            if status == Status.FAILED:
+                s.timed_out = _capped(in_status.filter(queue=queue, last_error__startswith=TIMED_OUT))
     expired = jobs.lease_expired(at).values("queue").annotate(n=Count("*")).order_by()
     for row in expired:
         stats[row["queue"]].lease_expired = row["n"]

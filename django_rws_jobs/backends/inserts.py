@@ -17,13 +17,14 @@ INSERT_COLUMNS = (
     "queue",
     "priority",
     "unique_key",
+    "timeout",
     "unique_hash",
 )
 INSERT_HEAD = (
     "INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
-    "created_at, queue, priority, unique_key, unique_hash) VALUES "
+    "created_at, queue, priority, unique_key, timeout, unique_hash) VALUES "
 )
-INSERT_VALUES = "(%s, %s, %s, 'pending', 0, %s, %s, %s, %s, %s, %s, %s)"
+INSERT_VALUES = "(%s, %s, %s, 'pending', 0, %s, %s, %s, %s, %s, %s, %s, %s)"
 INSERT_SQL = INSERT_HEAD + INSERT_VALUES
 COPY_SQL = f"COPY rws_jobs ({', '.join(INSERT_COLUMNS)}) FROM STDIN"
 

@@ -56,6 +56,7 @@ class Claimed:
     next_run_at: int
     created_at: int
     unique_key: str | None
+    timeout: float | None
     token: str
 
     @classmethod

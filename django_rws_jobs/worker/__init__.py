@@ -5,8 +5,11 @@ own state and a ``loop()``, that share one :class:`~.shared.Shared`: the :class:
 claims as many due jobs as there are idle executors; each :class:`Executor` runs them; the
 :class:`Completer` records outcomes in batches; the :class:`LeaseKeeper` renews the leases of held
 jobs and takes back expired ones; the :class:`Scheduler` enqueues due cron jobs; on PostgreSQL a
-:class:`Listener` turns NOTIFY into a wake-up (polling still runs). Signal handlers only set
-flags; every wait is on an Event, so a stop is instant. docs/design.md describes them.
+:class:`Listener` turns NOTIFY into a wake-up (polling still runs). In the thread pool a
+:class:`Watchdog` enforces time limits; with ``--pool processes`` each executor is a
+:class:`ProcessExecutor` whose handlers run in a child process (worker/pool.py, worker/child.py).
+Signal handlers only set flags; every wait is on an Event, so a stop is instant. docs/design.md
+describes them.
 """
 
 from ..ids import claim_token, worker_id
@@ -15,9 +18,11 @@ from .dispatcher import Dispatcher
 from .executor import Executor
 from .keeper import LeaseKeeper
 from .listener import Listener
+from .pool import ProcessExecutor
 from .scheduler import Scheduler
 from .shared import Shared
 from .supervisor import Worker
+from .timeouts import Watchdog
 
 __all__ = [
     "Completer",
@@ -25,8 +30,10 @@ __all__ = [
     "Executor",
     "LeaseKeeper",
     "Listener",
+    "ProcessExecutor",
     "Scheduler",
     "Shared",
+    "Watchdog",
     "Worker",
     "claim_token",
     "worker_id",

@@ -24,7 +24,14 @@ class Stats:
     retried: int = 0
     dead: int = 0
     lost: int = 0
+    timed_out: int = 0
+    abandoned: int = 0  # executor threads given up on (see worker/timeouts.py)
+    children_lost: int = 0  # child processes that died mid-job (see worker/pool.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def count(self, name: str) -> None:
+        with self.lock:
+            setattr(self, name, getattr(self, name) + 1)
 
     def add(self, outcomes: list[str]) -> None:
         with self.lock:
@@ -78,7 +85,10 @@ class Shared:
         self.results: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
         self.held: dict[tuple[str, str], Claimed] = {}
         self.held_lock = threading.Lock()
-        self.executing: dict[str, Claimed] = {}  # executor thread name -> job it runs
+        self.executing: dict[int, Claimed] = {}  # executor thread ident -> job it runs
+        # Executor threads the watchdog gave up on (guarded by ``cond``): the supervisor starts
+        # new ones in their place.
+        self.abandoned: set[int] = set()
         self.stats = Stats()
         self.exit_code = 0
 

@@ -29,8 +29,10 @@ from .dispatcher import Dispatcher
 from .executor import Executor
 from .keeper import LeaseKeeper
 from .listener import Listener
+from .pool import ProcessExecutor, make_pool
 from .scheduler import Scheduler
 from .shared import Shared
+from .timeouts import Watchdog
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -55,6 +57,9 @@ class Worker:
         poll_interval: float | None = None,
         schedules: bool | None = None,
         using: str | None = None,
+        pool: str = "threads",
+        max_jobs_per_child: int | None = None,
+        max_memory_per_child: int | None = None,
     ):
         # Bad arguments and settings raise here, before any thread starts
         # (tests/test_input.py::test_worker_refuses_bad_arguments_and_settings).
@@ -70,6 +75,7 @@ class Worker:
         self.alias = queue_alias(using)
         self.features = backend_for(connections[self.alias]).features
         self.shared = Shared(self.alias, self.threads)
+        self.pool = make_pool(pool, max_jobs_per_child, max_memory_per_child)
         self._threads: dict[str, threading.Thread] = {}
         self._started: dict[str, float] = {}  # role -> time.monotonic() of its thread's start
         self._signals = 0
@@ -89,6 +95,8 @@ class Worker:
             self._signals += 1
             if self._signals > 1:
                 os.write(2, b"second signal: exiting now\n")
+                if self.pool is not None:
+                    self.pool.kill_all()
                 os._exit(1)
             self.stop()
 
@@ -107,6 +115,9 @@ class Worker:
             finally:
                 connections.close_all()
         self._keeper = LeaseKeeper(self.shared)
+        self._watchdog = Watchdog(self.shared, float(jobs_settings.TIMEOUT_GRACE))
+        if self.pool is not None:
+            self.pool.prestart(self.threads)
         roles = self._roles()
         for name, target in roles.items():
             self._spawn(name, target)
@@ -141,9 +152,16 @@ class Worker:
     def _roles(self) -> dict[str, Callable[[], None]]:
         """Thread name -> the role's loop. A restarted thread runs a new role object."""
         shared = self.shared
-        roles: dict[str, Callable[[], None]] = {
-            f"rws-job-{i}": lambda: Executor(shared).loop() for i in range(self.threads)
-        }
+        pool = self.pool
+        if pool is None:
+            roles: dict[str, Callable[[], None]] = {
+                f"rws-job-{i}": lambda: Executor(shared, self._watchdog).loop() for i in range(self.threads)
+            }
+            roles["rws-timeouts"] = self._watchdog.loop
+        else:
+            roles = {
+                f"rws-job-{i}": lambda: ProcessExecutor(shared, pool).loop() for i in range(self.threads)
+            }
         roles["rws-dispatcher"] = lambda: Dispatcher(
             shared,
             self.features,
@@ -179,6 +197,7 @@ class Worker:
         deaths: dict[str, int] = {}  # role -> deaths in a row, each soon after its start
         restart_at: dict[str, float] = {}  # role -> when its dead thread is replaced
         while not self.shared.stop.wait(0.5):
+            self._replace_abandoned(roles)
             now = time.monotonic()
             for name, t in list(self._threads.items()):
                 if t.is_alive() or name in restart_at:
@@ -196,6 +215,16 @@ class Worker:
                     del restart_at[name]
                     self._spawn(name, roles[name])
 
+    def _replace_abandoned(self, roles: dict[str, Callable[[], None]]) -> None:
+        """Start a new executor thread in place of each one the watchdog abandoned (it runs on,
+        unwatched, until its handler returns or the process exits)."""
+        with self.shared.cond:
+            abandoned, self.shared.abandoned = self.shared.abandoned, set()
+        for name, t in list(self._threads.items()):
+            if t.ident in abandoned:
+                logger.warning("worker thread %s abandoned; starting a new one", name)
+                self._spawn(name, roles[name])
+
     def _shutdown(self) -> int:
         """Let running jobs finish within SHUTDOWN_TIMEOUT, record their outcomes, stop renewing
         leases, and hand back what did not finish
@@ -212,6 +241,7 @@ class Worker:
         for name, t in self._threads.items():
             if name.startswith("rws-job-") or name == "rws-scheduler":
                 t.join(max(deadline - time.monotonic(), 0))
+        self._watchdog.close()
         # Record what finished, then stop renewing leases.
         shared.results.put(None)
         self._threads["rws-completer"].join(max(float(jobs_settings.LEASE_SECONDS), 10))
@@ -222,16 +252,23 @@ class Worker:
         # Last: jobs whose handlers are still running are handed back, and the process exits at
         # once, so they are not run here any further while another worker may take them.
         unfinished = self._unfinished()
+        if self.pool is not None and unfinished:
+            # Their children go first, so a job handed back is not run here any further.
+            self.pool.stop_running(self._threads.values())
         if unfinished:
             why = f"interrupted: it did not finish within SHUTDOWN_TIMEOUT ({timeout:g}s)"
             shared.hand_back(unfinished, why)
         stats = shared.stats
         logger.info(
-            "worker stopped: %d done, %d retried, %d dead, %d results dropped",
+            "worker stopped: %d done, %d retried, %d dead, %d results dropped, %d timed out, "
+            "%d threads abandoned, %d child processes lost mid-job",
             stats.done,
             stats.retried,
             stats.dead,
             stats.lost,
+            stats.timed_out,
+            stats.abandoned,
+            stats.children_lost,
         )
         return shared.exit_code
 

@@ -137,3 +137,74 @@ def _on_dead_record(sender, job, **kwargs) -> None:
 # In this order: the first receiver raises SystemExit, the second must still be called.
 job_dead.connect(_on_dead_exit, dispatch_uid="tests.on_dead_exit")
 job_dead.connect(_on_dead_record, dispatch_uid="tests.on_dead_record")
+
+
+def _forever(step: float) -> None:
+    while True:
+        time.sleep(step)
+
+
+@job("test.spin")
+def spin(payload: str) -> None:
+    """Runs for ever in small steps: Python can interrupt it between two."""
+    _trace("spin", payload)
+    _forever(0.02)
+
+
+@job("test.catch_timeout")
+def catch_timeout(payload: str) -> None:
+    """Swallows what interrupts it and returns: the job still timed out."""
+    from django_rws_jobs import JobTimeout
+
+    _trace("spin", payload)
+    try:
+        _forever(0.02)
+    except JobTimeout:
+        _trace("caught", payload)
+
+
+@job("test.spin_limited", timeout=0.5)
+def spin_limited(payload: str) -> None:
+    spin(payload)
+
+
+@job("test.unlimited", timeout=None)
+def unlimited(payload: str) -> None:
+    time.sleep(float(payload))
+    _trace("unlimited", payload)
+
+
+@job("test.block")
+def block(payload: str) -> None:
+    """Blocks in one C call that never returns: select() on a socket that never answers."""
+    import select
+    import socket
+
+    _trace("block", payload)
+    a, b = socket.socketpair()
+    select.select([a], [], [])
+
+
+@job("test.block_ignoring_sigterm")
+def block_ignoring_sigterm(payload: str) -> None:
+    """Blocks for ever and ignores SIGTERM: only SIGKILL ends it."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _trace("block", payload)
+    _forever(3600)
+
+
+@job("test.pid")
+def pid(payload: str) -> None:
+    _trace("pid", payload)
+
+
+_leaked: list[bytes] = []
+
+
+@job("test.leak")
+def leak(payload: str) -> None:
+    """Keeps ``payload`` MB for the rest of the process's life."""
+    _leaked.append(b"\x01" * (int(payload) * 1024 * 1024))  # written, so resident
+    _trace("leak", payload)

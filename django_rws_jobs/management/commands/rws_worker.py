@@ -68,6 +68,26 @@ class Command(BaseCommand):
             default=None,
             help="comma-separated queues to run (default: all; given, it must name one)",
         )
+        parser.add_argument(
+            "--pool",
+            choices=["threads", "processes"],
+            default="threads",
+            help="where handlers run: in the worker's threads (default), or each executor's in a child "
+            "process, which a timeout, a crash or a limit below replaces",
+        )
+        parser.add_argument(
+            "--max-jobs-per-child",
+            type=_positive_int,
+            default=None,
+            help="with --pool processes: replace a child after this many jobs",
+        )
+        parser.add_argument(
+            "--max-memory-per-child",
+            type=_positive_int,
+            default=None,
+            metavar="MB",
+            help="with --pool processes: replace a child once its peak memory passes this many MB",
+        )
         parser.add_argument("--burst", action="store_true", help="exit 0 once nothing is due")
         parser.add_argument(
             "--max-jobs", type=_positive_int, default=None, help="stop after this many jobs (per process)"
@@ -110,7 +130,14 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             schedules=options["schedules"],
             using=alias,
+            pool=options["pool"],
+            max_jobs_per_child=options["max_jobs_per_child"],
+            max_memory_per_child=options["max_memory_per_child"],
         )
+        if options["pool"] == "threads" and (
+            options["max_jobs_per_child"] or options["max_memory_per_child"]
+        ):
+            raise CommandError("--max-jobs-per-child and --max-memory-per-child need --pool processes")
         if options["processes"] > 1:
             code = self._run_processes(options["processes"], settings)
         else:
@@ -122,9 +149,10 @@ class Command(BaseCommand):
         worker = Worker(**settings)
         worker.install_signal_handlers()
         logging.getLogger("django_rws_jobs").info(
-            "worker %s starting: %d thread(s), queues %s, database %r, lease %ss%s%s",
+            "worker %s starting: %d %s, queues %s, database %r, lease %ss%s%s",
             worker_id(),
             worker.threads,
+            "thread(s)" if worker.pool is None else "child process(es)",
             ",".join(worker.queues) if worker.queues else "(all)",
             worker.alias,
             jobs_settings.LEASE_SECONDS,

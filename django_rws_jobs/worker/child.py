@@ -1,0 +1,145 @@
+"""A child process that runs handlers for one executor thread of ``rws_worker --pool processes``.
+
+Children are forked by multiprocessing's fork server, a process started once per worker with Django
+set up (``django_rws_jobs/preload.py``) and no threads or connections of its own: a child starts in
+milliseconds with the handlers imported, and shares no socket, lock or database connection with
+the worker's threads (a fork of the worker itself would copy connections that other threads use).
+The parent sends one job at a time over a pipe; the child answers with its outcome (Answer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import resource
+import signal
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..store import Claimed
+
+#: A job's fields in order, to send it as a tuple.
+FIELDS = tuple(f.name for f in dataclasses.fields(Claimed))
+
+
+def astuple(job: Claimed) -> tuple[Any, ...]:
+    return tuple([getattr(job, name) for name in FIELDS])
+
+
+#: What a child answers for a job: (error, traceback, its peak resident memory in MB, whether it
+#: exits now: a handler raised SystemExit or the like, and a job sent to it would be lost).
+Answer = tuple["str | None", "str | None", float, bool]
+
+
+class ChildDied(Exception):
+    """The child exited (or was killed) while it ran a job."""
+
+
+def _context() -> Any:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["django_rws_jobs.preload"])
+    return ctx
+
+
+class Child:
+    """The parent's side of one child process."""
+
+    def __init__(self) -> None:
+        ctx = _context()
+        self.conn, theirs = ctx.Pipe()
+        self.process = ctx.Process(target=serve, args=(theirs,), name="rws-child", daemon=True)
+        self.process.start()
+        theirs.close()
+        self.jobs = 0  # jobs this child has run
+        self.peak_mb = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid or 0
+
+    def send(self, job: Claimed) -> None:
+        self.conn.send(astuple(job))  # a tuple of plain values pickles faster than the dataclass
+
+    def answer(self, seconds: float | None) -> Answer | None:
+        """The child's answer for the job sent; None when ``seconds`` passed first. Raises
+        ChildDied when the child is gone."""
+        try:
+            if seconds is not None and not self.conn.poll(seconds):
+                return None
+            answer: Answer = self.conn.recv()
+        except (EOFError, OSError):
+            raise ChildDied(self.why_dead()) from None
+        self.jobs += 1
+        self.peak_mb = answer[2]
+        return answer
+
+    def why_dead(self) -> str:
+        self.process.join(2)
+        code = self.process.exitcode
+        if code is None:
+            return "it closed its pipe"
+        if code < 0:
+            return f"killed by signal {signal.Signals(-code).name}"
+        return f"it exited with code {code}"
+
+    def stop(self) -> None:
+        """Let the child finish (it is idle) and exit."""
+        try:
+            self.conn.send(None)
+        except OSError:
+            pass
+        self.process.join(5)
+        if self.process.is_alive():
+            self.kill(0)
+        self.conn.close()
+
+    def kill(self, grace: float) -> None:
+        """SIGTERM (which raises SystemExit in the child, so its ``finally`` blocks run), then
+        SIGKILL if it is still there ``grace`` seconds later."""
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            if not self.process.is_alive():
+                break
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                break
+            self.process.join(wait)
+        self.conn.close()
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def serve(conn: Connection) -> None:
+    """The child: run the jobs the parent sends until it sends None or goes away."""
+    os.setpgrp()  # a Ctrl-C or a group-wide signal reaches the worker only, which decides
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _terminate)
+    from django.db import connections  # (Django is set up: the fork server imported preload.py)
+
+    from ..runner import describe, execute
+
+    code = 0
+    try:
+        while (fields := conn.recv()) is not None:
+            job = Claimed(*fields)
+            try:
+                error, tb = execute(job)
+            except BaseException as exc:  # SystemExit and the like: a failure; then this child ends
+                conn.send((describe(exc), traceback.format_exc(), _peak_mb(), True))
+                raise
+            conn.send((error, tb, _peak_mb(), False))
+    except EOFError:
+        pass  # the worker is gone
+    except BaseException:
+        code = 1
+    finally:
+        connections.close_all()
+        os._exit(code)
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
