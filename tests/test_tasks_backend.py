@@ -403,3 +403,15 @@ def test_what_the_queue_refuses_is_invalid_task_too():
         with pytest.raises(InvalidTask, match="64"):
             tasks.record.using(queue_name=long_name).enqueue("x")
     assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [(0, "timeout 0 is out of range; it must be above 0"), ("5", "timeout must be a number of seconds")],
+)
+def test_a_bad_task_timeout_is_invalid_task_naming_the_value(value, words):
+    with pytest.raises(InvalidTask, match=words):
+        tasks.record.with_options(timeout=value).enqueue("x")
+    assert Job.objects.count() == 0
+    ok = tasks.record.with_options(timeout=2).enqueue("y")
+    assert Job.objects.get(id=ok.id).timeout == 2.0

@@ -81,3 +81,20 @@ def test_kill_9_is_recovered_with_a_worker_lost_error(workers):
     done = get(result.id)
     assert [e.exception_class for e in done.errors] == [WorkerLost]
     assert len(done.worker_ids) == 2 and done.worker_ids[0] != done.worker_ids[1]
+
+
+@pytest.mark.parametrize("pool", ["threads", "processes"])
+def test_a_task_past_its_timeout_fails_with_job_timeout(workers, pool):
+    from django_rws_jobs import JobTimeout
+
+    result = tasks.spin.enqueue("stuck")
+    assert Job.objects.get(id=result.id).timeout == 0.5  # @rws_task(timeout=0.5): the row's own limit
+    w = workers("--workers", "2", "--pool", pool, jobs={"BACKOFF_INITIAL": 0.1, "TIMEOUT_GRACE": 1})
+    wait_for(lambda: get(result.id).status == Status.FAILED, timeout=30, what="both attempts to time out")
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.output()
+    done = get(result.id)
+    assert [e.exception_class for e in done.errors] == [JobTimeout, JobTimeout]
+    assert "ran longer than 0.5 s" in done.errors[-1].traceback
+    assert Run.objects.filter(kind="task-spin").count() == 2
+    assert [j.id for j in rws.failed_jobs()] == [result.id]

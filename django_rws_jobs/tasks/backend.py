@@ -37,20 +37,30 @@ DEFAULT_RETENTION = 7 * 24 * 3600
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class RwsTask(Task):
-    """A task with this backend's options: ``max_attempts`` (None: the backend's budget) and
+    """A task with this backend's options: ``max_attempts`` (None: the backend's budget),
     ``unique`` (True: while a task of this function with the same arguments waits or runs,
-    ``enqueue`` returns its result instead of adding another)."""
+    ``enqueue`` returns its result instead of adding another) and ``timeout`` (seconds an attempt
+    may run; None: RWS_JOBS["TIMEOUT"]), stored as the row's own limit."""
 
     max_attempts: int | None = None
     unique: bool = False
+    timeout: float | None = None
 
-    def with_options(self, *, max_attempts: int | None = None, unique: bool | None = None) -> RwsTask:
+    def with_options(
+        self,
+        *,
+        max_attempts: int | None = None,
+        unique: bool | None = None,
+        timeout: float | None = None,
+    ) -> RwsTask:
         """A copy with other options (``using()`` for this backend's options)."""
         changes: dict[str, Any] = {}
         if max_attempts is not None:
             changes["max_attempts"] = max_attempts
         if unique is not None:
             changes["unique"] = unique
+        if timeout is not None:
+            changes["timeout"] = timeout
         return dataclasses.replace(self, **changes)
 
 
@@ -107,6 +117,13 @@ class RwsJobsBackend(BaseTaskBackend):
                 raise InvalidTask(f"max_attempts must be a whole number, not {task.max_attempts!r}.")
             if not 1 <= task.max_attempts <= 2**31:
                 raise InvalidTask(f"max_attempts must be between 1 and {2**31}, not {task.max_attempts}.")
+        if isinstance(task, RwsTask) and task.timeout is not None:
+            from ..validation import timeout
+
+            try:
+                timeout(task.timeout)
+            except (TypeError, ValueError) as exc:
+                raise InvalidTask(str(exc)) from None
 
     # -- enqueue ---------------------------------------------------------------------------------
 
@@ -153,6 +170,7 @@ class RwsJobsBackend(BaseTaskBackend):
                 run_at=task.run_after,
                 unique=unique,
                 max_retries=self.max_attempts(task) - 1,
+                timeout=getattr(task, "timeout", None),
                 now=now,
             )
         except (TypeError, ValueError) as exc:

@@ -13,10 +13,12 @@ def task(
     *,
     max_attempts: int | None = None,
     unique: bool = False,
+    timeout: float | None = None,
     **options: Any,
 ) -> Any:
     """Django's ``@task`` (``priority``, ``queue_name``, ``backend``, ``takes_context``) plus
-    ``max_attempts`` and ``unique`` (see RwsTask); the backend must be an RwsJobsBackend."""
+    ``max_attempts``, ``unique`` and ``timeout`` (see RwsTask); the backend must be an
+    RwsJobsBackend."""
     from .backend import RwsJobsBackend
 
     try:
@@ -28,9 +30,11 @@ def task(
         backend = task_backends[options.get("backend", "default")]
         if not isinstance(backend, RwsJobsBackend):
             raise TypeError(
-                f"max_attempts and unique need an RwsJobsBackend; TASKS[{backend.alias!r}] is "
+                f"max_attempts, unique and timeout need an RwsJobsBackend; TASKS[{backend.alias!r}] is "
                 f"{type(backend).__name__}"
             )
-        return django_task(func, **options).with_options(max_attempts=max_attempts, unique=unique)
+        return django_task(func, **options).with_options(
+            max_attempts=max_attempts, unique=unique, timeout=timeout
+        )
 
     return wrap(function) if function is not None else wrap

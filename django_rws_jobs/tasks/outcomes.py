@@ -14,6 +14,7 @@ from asgiref.sync import async_to_sync
 from django.db import transaction
 
 from ..backends.base import is_registered
+from ..exceptions import TIMED_OUT, JobTimeout
 from ..registry import TASK_PREFIX
 from ..runner import ERROR_MAX, retry_at, send_dead, storable
 from ..store import Claimed, Store
@@ -43,11 +44,13 @@ def error_of(exc: BaseException) -> dict[str, str]:
 
 
 def lost(job: Claimed, text: str) -> TaskOutcome:
-    """Recovery's outcome: a WorkerLost error whose message is ``text``."""
-    error = {
-        "exception_class_path": f"{WorkerLost.__module__}.{WorkerLost.__qualname__}",
-        "traceback": f"{WorkerLost.__module__}.{WorkerLost.__qualname__}: {text}\n",
-    }
+    """The outcome of a failure the worker recorded as text, not the task: JobTimeout when the
+    attempt ran past its limit, else WorkerLost (recovery, a child process that died). Pinned by
+    tests/test_tasks_worker.py::test_a_task_past_its_timeout_fails_with_job_timeout."""
+    kind: type[BaseException] = JobTimeout if text.startswith(TIMED_OUT) else WorkerLost
+    name = f"{kind.__module__}.{kind.__qualname__}"
+    message = text.removeprefix(TIMED_OUT)
+    error = {"exception_class_path": name, "traceback": f"{name}: {message}\n"}
     return TaskOutcome(None, None, time.time(), error=error)
 
 

@@ -79,3 +79,12 @@ def once(message: str) -> None:
 @rws_task(unique=True)
 def unique(key: str) -> str:
     return key
+
+
+@rws_task(timeout=0.5, max_attempts=2)
+def spin(payload: str) -> None:
+    """Runs for ever in small steps; its limit of 0.5 s stops it."""
+    from .jobs import _forever
+
+    _trace("task-spin", payload)
+    _forever(0.02)
