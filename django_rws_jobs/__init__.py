@@ -90,21 +90,21 @@ def failed_jobs(limit: int = 100, *, using: str | None = None) -> list[Job]:
 
 def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
     """Put a failed job back in the queue, due now (or at ``now``), attempts reset."""
-    from .api import retry as _retry
+    from .dead_letters import retry as _retry
 
     return _retry(job_id, using=using, now=now)
 
 
 def delete(job_id: str, *, using: str | None = None) -> bool:
     """Delete a job that is not running."""
-    from .api import delete as _delete
+    from .dead_letters import delete as _delete
 
     return _delete(job_id, using=using)
 
 
 def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     """Claim and run one due job in the calling thread; False when none is due."""
-    from .api import tick as _tick
+    from .run_one import tick as _tick
 
     return _tick(queues=queues, using=using)
 

@@ -1,17 +1,15 @@
-"""enqueue, jobs, failed_jobs, retry, delete and tick: rust-web-server's methods, for Django."""
+"""enqueue, enqueue_many, jobs and failed_jobs: rust-web-server's methods, for Django (retry and
+delete are in dead_letters.py, tick in run_one.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import QuerySet
 
 from . import ids
 from .backends import backend_for
@@ -21,9 +19,8 @@ from .conf import jobs_settings
 from .db import queue_alias
 from .models import Job, Status
 from .registry import registry
-from .validation import INT32_MAX, INT64_MAX, INT64_MIN, UNIQUE_MAX, due_at, queue_list, queue_name, show
+from .validation import INT32_MAX, INT64_MAX, INT64_MIN, UNIQUE_MAX, due_at, queue_name, show
 from .validation import integer as _int
-from .validation import job_id as _job_id
 from .validation import only_known as _only_known
 from .validation import text as _text
 from .validation import timeout as _timeout
@@ -279,96 +276,3 @@ def jobs(status: str | None = None, limit: int = 100, *, using: str | None = Non
 def failed_jobs(limit: int = 100, *, using: str | None = None) -> list[Job]:
     """The dead-letter list."""
     return jobs(str(Status.FAILED), limit, using=using)
-
-
-def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
-    """Put a failed job back, due now with attempts reset. False if there is no failed job
-    ``job_id``, or if a pending or running job already holds its unique key."""
-    job_id = _job_id(job_id)
-    alias = queue_alias(using)
-    now = int(time.time()) if now is None else _int("now", now, 0, INT64_MAX)
-    with transaction.atomic(using=alias):
-        job = _by_id(alias, job_id).select_for_update().filter(status=Status.FAILED).first()
-        if job is None:
-            return False
-        digest = unique_hash(job.job_type, job.unique_key) if job.unique_key is not None else None
-        try:
-            with transaction.atomic(using=alias):
-                changed = (
-                    _by_id(alias, job_id)
-                    .filter(status=Status.FAILED)
-                    .update(
-                        status=Status.PENDING,
-                        attempts=0,
-                        next_run_at=now,
-                        unique_hash=digest,
-                        locked_by=None,
-                        locked_until=None,
-                        failed_at=None,
-                        task_history=None,  # a retried task starts a new history, as attempts do
-                    )
-                )
-        except IntegrityError:
-            return False
-    return changed == 1
-
-
-def delete(job_id: str, *, using: str | None = None) -> bool:
-    """Delete a job that is not running. False when there is no such job."""
-    job_id = _job_id(job_id)
-    alias = queue_alias(using)
-    return _by_id(alias, job_id).exclude(status=Status.RUNNING).delete()[0] > 0
-
-
-def _by_id(alias: str, job_id: str) -> QuerySet[Job]:
-    """The job whose id is exactly ``job_id``, whatever the column's collation (see
-    MySQLBackend.exact_id)."""
-    return backend_for(connections[alias]).exact_id(Job.objects.using(alias).filter(id=job_id), job_id)
-
-
-def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
-    """Claim one due job and run it in the calling thread. False when none is due."""
-    from .checks import require_valid_settings
-    from .runner import run_claimed
-    from .store import Store
-
-    queues = queue_list(queues)
-    alias = queue_alias(using)
-    require_valid_settings()
-    store = Store(connections[alias])
-    lease = int(jobs_settings.LEASE_SECONDS)
-    now = int(time.time())
-    claimed = store.claim(ids.claim_token(), now, now + lease, queues, 1)
-    if not claimed:
-        return False
-    with _renewing(alias, claimed[0].token, lease):
-        run_claimed(store, claimed[0])
-    return True
-
-
-@contextmanager
-def _renewing(alias: str, token: str, lease: int) -> Iterator[None]:
-    """Renew a claim's lease from a side thread while the calling thread runs the job; each renewal
-    is tried once, and a failed one again at the next round: the lease is long."""
-    from .reconnect import Connection, Retry
-
-    done = threading.Event()
-
-    def renew() -> None:
-        db = Retry(Connection(alias), done)
-        try:
-            while not done.wait(max(lease / 3, 0.2)):
-                try:
-                    db.once(lambda c: c.store().renew([token], int(time.time()) + lease), "renewing a lease")
-                except Exception:  # noqa: BLE001, S110  (Retry logs database errors; retried next round)
-                    pass
-        finally:
-            db.holder.close()
-
-    thread = threading.Thread(target=renew, name="rws-tick-lease", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()

@@ -1,4 +1,5 @@
-"""Retrying many dead jobs at once: a few statements per batch of ids (the admin's retry-all)."""
+"""The dead-letter list's operations: retry and delete one job, and retry many at once in a few
+statements per batch of ids (the admin's retry-all)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,61 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import Case, Value, When
+from django.db.models import Case, QuerySet, Value, When
 
-from .api import retry, unique_hash
+from .api import unique_hash
 from .backends import backend_for
 from .db import queue_alias
 from .models import Job, Status
+from .validation import INT64_MAX, show
+from .validation import integer as _int
 from .validation import job_id as _job_id
-from .validation import show
+
+
+def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
+    """Put a failed job back, due now with attempts reset. False if there is no failed job
+    ``job_id``, or if a pending or running job already holds its unique key."""
+    job_id = _job_id(job_id)
+    alias = queue_alias(using)
+    now = int(time.time()) if now is None else _int("now", now, 0, INT64_MAX)
+    with transaction.atomic(using=alias):
+        job = _by_id(alias, job_id).select_for_update().filter(status=Status.FAILED).first()
+        if job is None:
+            return False
+        digest = unique_hash(job.job_type, job.unique_key) if job.unique_key is not None else None
+        try:
+            with transaction.atomic(using=alias):
+                changed = (
+                    _by_id(alias, job_id)
+                    .filter(status=Status.FAILED)
+                    .update(
+                        status=Status.PENDING,
+                        attempts=0,
+                        next_run_at=now,
+                        unique_hash=digest,
+                        locked_by=None,
+                        locked_until=None,
+                        failed_at=None,
+                        task_history=None,  # a retried task starts a new history, as attempts do
+                    )
+                )
+        except IntegrityError:
+            return False
+    return changed == 1
+
+
+def delete(job_id: str, *, using: str | None = None) -> bool:
+    """Delete a job that is not running. False when there is no such job."""
+    job_id = _job_id(job_id)
+    alias = queue_alias(using)
+    return _by_id(alias, job_id).exclude(status=Status.RUNNING).delete()[0] > 0
+
+
+def _by_id(alias: str, job_id: str) -> QuerySet[Job]:
+    """The job whose id is exactly ``job_id``, whatever the column's collation (see
+    MySQLBackend.exact_id)."""
+    return backend_for(connections[alias]).exact_id(Job.objects.using(alias).filter(id=job_id), job_id)
+
 
 #: Rows per retry_many statement at most: an id in the IN list and up to two CASE parameters
 #: each, fewer where a SQLite build allows fewer parameters (_retry_batch_size).

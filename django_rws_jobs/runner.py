@@ -155,45 +155,12 @@ def record(store: Store, job: Claimed, error: Any, tb: str | None, expired_befor
         rows = registry.row_runner(job.job_type)
         if rows is not None:
             return rows.record(store, job, error, expired_before)
-    now = time.time()
-    if error is not None:
-        error = storable(error, ERROR_MAX)
-        tb = None if tb is None else storable(tb, TRACEBACK_MAX, keep_end=True)
     if error is None:
         applied, outcome = store.complete(job), "done"
     else:
-        attempts = job.attempts + 1
-        if attempts <= job.max_retries:
-            due = retry_at(attempts, now)
-            applied = store.reschedule(job, attempts, error, tb, due, expired_before)
-            outcome = "retry"
-            if applied:
-                logger.info(
-                    "job %s (%s) will retry at %d (attempt %d of %d)",
-                    job.id,
-                    job.job_type,
-                    due,
-                    attempts + 1,
-                    job.max_retries + 1,
-                )
-        else:
-            applied = store.move_to_dead_letters(job, attempts, error, tb, int(now), expired_before)
-            outcome = "dead"
-            if applied:
-                logger.error(
-                    "job %s (%s) moved to the dead-letter list after %d attempts: %s",
-                    job.id,
-                    job.job_type,
-                    attempts,
-                    error,
-                )
-                dead = job.as_job(
-                    status="failed", attempts=attempts, last_error=error, traceback=tb, failed_at=int(now)
-                )
-                if is_registered(store.conn):  # tick() inside the caller's transaction: after it commits
-                    transaction.on_commit(lambda: send_dead(dead), using=store.conn.alias)
-                else:
-                    send_dead(dead)
+        error = storable(error, ERROR_MAX)
+        tb = None if tb is None else storable(tb, TRACEBACK_MAX, keep_end=True)
+        applied, outcome = _record_failure(store, job, error, tb, time.time(), expired_before)
     if not applied:
         logger.warning(
             "job %s (%s): result %r dropped: claim %s no longer holds it "
@@ -205,6 +172,46 @@ def record(store: Store, job: Claimed, error: Any, tb: str | None, expired_befor
         )
         return "lost"
     return outcome
+
+
+def _record_failure(
+    store: Store, job: Claimed, error: str, tb: str | None, now: float, expired_before: int | None
+) -> tuple[bool, str]:
+    """Retry the failed job after its backoff, or move it to the dead-letter list once its retries
+    are spent (sending job_dead): (applied, 'retry' or 'dead')."""
+    attempts = job.attempts + 1
+    if attempts <= job.max_retries:
+        due = retry_at(attempts, now)
+        applied = store.reschedule(job, attempts, error, tb, due, expired_before)
+        outcome = "retry"
+        if applied:
+            logger.info(
+                "job %s (%s) will retry at %d (attempt %d of %d)",
+                job.id,
+                job.job_type,
+                due,
+                attempts + 1,
+                job.max_retries + 1,
+            )
+    else:
+        applied = store.move_to_dead_letters(job, attempts, error, tb, int(now), expired_before)
+        outcome = "dead"
+        if applied:
+            logger.error(
+                "job %s (%s) moved to the dead-letter list after %d attempts: %s",
+                job.id,
+                job.job_type,
+                attempts,
+                error,
+            )
+            dead = job.as_job(
+                status="failed", attempts=attempts, last_error=error, traceback=tb, failed_at=int(now)
+            )
+            if is_registered(store.conn):  # tick() inside the caller's transaction: after it commits
+                transaction.on_commit(lambda: send_dead(dead), using=store.conn.alias)
+            else:
+                send_dead(dead)
+    return applied, outcome
 
 
 def send_dead(job: Any) -> None:

@@ -1,0 +1,63 @@
+"""tick(): claim one due job and run it in the calling thread, its lease renewed meanwhile."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import connections
+
+from . import ids
+from .conf import jobs_settings
+from .db import queue_alias
+from .validation import queue_list
+
+
+def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
+    """Claim one due job and run it in the calling thread. False when none is due."""
+    from .checks import require_valid_settings
+    from .runner import run_claimed
+    from .store import Store
+
+    queues = queue_list(queues)
+    alias = queue_alias(using)
+    require_valid_settings()
+    store = Store(connections[alias])
+    lease = int(jobs_settings.LEASE_SECONDS)
+    now = int(time.time())
+    claimed = store.claim(ids.claim_token(), now, now + lease, queues, 1)
+    if not claimed:
+        return False
+    with _renewing(alias, claimed[0].token, lease):
+        run_claimed(store, claimed[0])
+    return True
+
+
+@contextmanager
+def _renewing(alias: str, token: str, lease: int) -> Iterator[None]:
+    """Renew a claim's lease from a side thread while the calling thread runs the job; each renewal
+    is tried once, and a failed one again at the next round: the lease is long."""
+    from .reconnect import Connection, Retry
+
+    done = threading.Event()
+
+    def renew() -> None:
+        db = Retry(Connection(alias), done)
+        try:
+            while not done.wait(max(lease / 3, 0.2)):
+                try:
+                    db.once(lambda c: c.store().renew([token], int(time.time()) + lease), "renewing a lease")
+                except Exception:  # noqa: BLE001, S110  (Retry logs database errors; retried next round)
+                    pass
+        finally:
+            db.holder.close()
+
+    thread = threading.Thread(target=renew, name="rws-tick-lease", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
