@@ -120,15 +120,12 @@ def declared() -> tuple[list[Schedule], list[ScheduleError]]:
     return schedules, errors
 
 
-def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[ScheduleError]]:
-    from .api import prepare
-
-    def error(message: str, check_id: str) -> ScheduleError:
-        return ScheduleError(name, message, check_id)
-
+def _shape_errors(name: str, entry: Any) -> list[ScheduleError]:
+    """What is wrong with an entry's shape: not a dict, unknown keys, missing keys."""
     if not isinstance(entry, dict):
-        return None, [
-            error(
+        return [
+            ScheduleError(
+                name,
                 f"must be a dict with 'cron' and 'job_type' (optional: {', '.join(JOB_KEYS[2:])}) or "
                 f"with 'cron' and 'task' (optional: {', '.join(TASK_KEYS[2:])}), "
                 f"got {type(entry).__name__} {entry!r:.60}",
@@ -137,20 +134,30 @@ def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[Sc
         ]
     unknown = [key for key in entry if key not in KEYS]
     missing = [key for key in ("cron", "task" if "task" in entry else "job_type") if key not in entry]
-    if unknown or missing:
-        problems = []
-        if unknown:
-            problems.append(
-                error(
-                    f"unknown key(s) {', '.join(map(repr, unknown))}; the keys are {', '.join(JOB_KEYS)} "
-                    f"(a task's: {', '.join(TASK_KEYS)})",
-                    BAD_OPTION,
-                )
+    problems = []
+    if unknown:
+        problems.append(
+            ScheduleError(
+                name,
+                f"unknown key(s) {', '.join(map(repr, unknown))}; the keys are {', '.join(JOB_KEYS)} "
+                f"(a task's: {', '.join(TASK_KEYS)})",
+                BAD_OPTION,
             )
-        if missing:
-            problems.append(error(f"needs {' and '.join(map(repr, missing))}", BAD_OPTION))
-        return None, problems
+        )
+    if missing:
+        problems.append(ScheduleError(name, f"needs {' and '.join(map(repr, missing))}", BAD_OPTION))
+    return problems
 
+
+def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[ScheduleError]]:
+    from .api import prepare
+
+    def error(message: str, check_id: str) -> ScheduleError:
+        return ScheduleError(name, message, check_id)
+
+    shape = _shape_errors(name, entry)
+    if shape:
+        return None, shape
     problems = []
     try:
         expr = cron.parse(entry["cron"])
