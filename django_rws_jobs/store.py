@@ -14,7 +14,8 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .backends import backend_for
-from .backends.statements import Claimed, Sql
+from .backends.claimed import Claimed
+from .backends.statements import Sql
 from .db import atomic
 from .models import Status
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .base import BaseBackend, BaseFeatures
+from .claimed import Claimed
 from .mysql import MySQLBackend
 from .postgresql import PostgreSQLBackend
 from .sqlite import SQLiteBackend
-from .statements import Claimed, Sql
+from .statements import Sql
 
 #: The backend class per Django vendor; other databases get the base backend's standard SQL.
 BACKENDS: dict[str, type[BaseBackend]] = {

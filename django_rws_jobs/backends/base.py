@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from .claimed import CLAIM_COLUMNS, Claimed
 from .cursors import DriverCursor
 from .inserts import insert_multirow
-from .statements import CLAIM_COLUMNS, Claimed, Sql, Statements, band_order_key, one_queue
+from .statements import Sql, Statements, band_order_key, one_queue
 
 if TYPE_CHECKING:
     from ..store import Store

@@ -12,17 +12,15 @@ from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
 from .base import BaseBackend, BaseFeatures, is_registered
+from .claimed import CLAIM_COLUMNS, Claimed, claim_order_key
 from .mysql_inserts import check_insert_size, insert_quoted, insert_sized, pipelines
 from .statements import (
-    CLAIM_COLUMNS,
     CLAIM_INDEX,
     CLAIM_SET,
     DUE_INDEX,
     QUEUE_INDEX,
-    Claimed,
     Sql,
     below_filter,
-    claim_order_key,
     one_queue,
     placeholders,
     queue_filter,

@@ -7,12 +7,12 @@ its SQL differs: index hints, the queue filter, the band walk, the lock of the c
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator, Sequence
 from operator import attrgetter
 from typing import Any
 
-from ..models import CLAIM_ORDER, CLAIM_ORDER_COLUMNS, Job
+from ..models import CLAIM_ORDER_COLUMNS, Job
+from .claimed import CLAIM_COLUMNS
 
 
 class Sql:
@@ -41,37 +41,6 @@ class Sql:
         return iter((self.text, self.params))
 
 
-@dataclasses.dataclass
-class Claimed:
-    """A job this worker holds, with the token that fences its outcome. The fields before
-    ``token`` are the claim's columns, in order (CLAIM_COLUMNS)."""
-
-    id: str
-    job_type: str
-    payload: str
-    queue: str
-    priority: int
-    attempts: int
-    max_retries: int
-    next_run_at: int
-    created_at: int
-    unique_key: str | None
-    timeout: float | None
-    token: str
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any], token: str) -> Claimed:
-        """A claim's row (CLAIM_COLUMNS, in order) held by ``token``."""
-        return cls(*row, token)  # type: ignore[call-arg]  # (a row is the fields before token)
-
-    def as_job(self, **changes: Any) -> Job:
-        fields = {k: v for k, v in self.__dict__.items() if k != "token"}
-        fields.update(changes)
-        return Job(**fields)
-
-
-#: The columns a claim returns: Claimed's fields but the token, so ``Claimed(*row, token)`` reads them.
-CLAIM_COLUMNS = ", ".join(f.name for f in dataclasses.fields(Claimed) if f.name != "token")
 CLAIM_SET = "status = 'running', locked_by = %s, locked_until = %s, started_at = %s"
 #: Bands without due jobs a claim's band walk passes before it looks for the highest due band by
 #: reading the due rows (see due_band_select).
@@ -82,10 +51,6 @@ BAND_ORDER = ", ".join(CLAIM_ORDER_COLUMNS[1:])
 BAND_ORDER_ASC = ", ".join(f"{name} ASC" for name in CLAIM_ORDER_COLUMNS[1:])
 #: Sort keys of Claimed rows: within one band, and in the whole claim order.
 band_order_key = attrgetter(*CLAIM_ORDER_COLUMNS[1:])
-
-
-def claim_order_key(job: Claimed) -> tuple[Any, ...]:
-    return tuple(-getattr(job, n[1:]) if n[0] == "-" else getattr(job, n) for n in CLAIM_ORDER)
 
 
 def _index(*fields: str) -> str:

@@ -1,0 +1,46 @@
+"""A claimed job as the worker holds it: the claim's columns, in order, and its token."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from ..models import CLAIM_ORDER, Job
+
+
+@dataclasses.dataclass
+class Claimed:
+    """A job this worker holds, with the token that fences its outcome. The fields before
+    ``token`` are the claim's columns, in order (CLAIM_COLUMNS)."""
+
+    id: str
+    job_type: str
+    payload: str
+    queue: str
+    priority: int
+    attempts: int
+    max_retries: int
+    next_run_at: int
+    created_at: int
+    unique_key: str | None
+    timeout: float | None
+    token: str
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any], token: str) -> Claimed:
+        """A claim's row (CLAIM_COLUMNS, in order) held by ``token``."""
+        return cls(*row, token)  # type: ignore[call-arg]  # (a row is the fields before token)
+
+    def as_job(self, **changes: Any) -> Job:
+        fields = {k: v for k, v in self.__dict__.items() if k != "token"}
+        fields.update(changes)
+        return Job(**fields)
+
+
+#: The columns a claim returns: Claimed's fields but the token, so ``Claimed(*row, token)`` reads them.
+CLAIM_COLUMNS = ", ".join(f.name for f in dataclasses.fields(Claimed) if f.name != "token")
+
+
+def claim_order_key(job: Claimed) -> tuple[Any, ...]:
+    return tuple(-getattr(job, n[1:]) if n[0] == "-" else getattr(job, n) for n in CLAIM_ORDER)
