@@ -180,3 +180,41 @@ def test_a_thread_stuck_in_a_blocking_call_is_abandoned_and_replaced(workers):  
     out = w.output()
     assert "its thread is abandoned and replaced" in out
     assert "1 timed out, 1 threads abandoned" in out
+
+
+# -- the process pool's dispatcher ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recent_run", [0.5, 5.0, None])
+def test_short_jobs_are_claimed_for_several_executors_at_once(monkeypatch, recent_run):
+    """With jobs under GATHER_MAX on average, the dispatcher waits up to one job's time for busy
+    executors to return, so that one claim serves them all; with longer jobs, or unmeasured (the
+    thread pool), it claims for the idle ones at once. (GATHER_MAX is raised to 1 s here, so
+    that a loaded machine's thread switches fit the window.)"""
+    import threading
+
+    from django.db import connection
+
+    from django_rws_jobs.backends import backend_for
+    from django_rws_jobs.worker import dispatcher as module
+    from django_rws_jobs.worker.shared import Shared
+
+    monkeypatch.setattr(module, "GATHER_MAX", 1.0)
+    shared = Shared("default", 4)
+    shared.free, shared.recent_run = 1, recent_run
+    dispatcher = module.Dispatcher(
+        shared, backend_for(connection).features, queues=None, burst=True, max_jobs=None, poll_interval=1
+    )
+
+    def return_three() -> None:  # runs once the dispatcher waits (cond.wait releases the lock)
+        with shared.cond:
+            shared.free = 4
+            shared.cond.notify_all()
+
+    t0 = time.monotonic()
+    with shared.cond:  # (an RLock: the dispatcher takes it again, and its wait lets it go)
+        if recent_run == 0.5:
+            threading.Thread(target=return_three).start()
+        n, _ = dispatcher._claim_size()
+    assert n == (4 if recent_run == 0.5 else 1)
+    assert time.monotonic() - t0 < 0.5

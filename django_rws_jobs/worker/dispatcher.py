@@ -14,6 +14,8 @@ from ..reconnect import Connection, Retry
 from ..store import Claimed
 from .shared import Shared, outcomes
 
+#: Jobs shorter than this (seconds, on average) are claimed for several idle executors at once.
+GATHER_MAX = 0.001
 #: How often an idle worker on SQLite checks whether another connection wrote (seconds).
 SQLITE_WATCH_INTERVAL = 0.002
 
@@ -66,6 +68,8 @@ class Dispatcher:
         with shared.cond:
             while shared.free == 0 and not shared.stop.is_set():
                 shared.cond.wait(0.5)
+            if shared.recent_run is not None and shared.free < shared.threads:
+                self._gather(shared.recent_run)
             n = shared.free
             if self.max_jobs is not None:
                 n = min(n, self.max_jobs - self.claimed_total)
@@ -79,6 +83,22 @@ class Dispatcher:
             shared.to_completer(finished)
             return None
         return n, finished
+
+    def _gather(self, recent_run: float) -> None:
+        """With jobs shorter than GATHER_MAX, wait up to one job's time for the busy executors to
+        become idle too, so that one claim serves several instead of one claim a job (the
+        process pool, whose executors return one by one; the caller holds ``shared.cond``). Longer
+        jobs are claimed for at once: a claim costs little beside them
+        (tests/test_timeouts.py::test_short_jobs_are_claimed_for_several_executors_at_once)."""
+        if recent_run >= GATHER_MAX:
+            return
+        shared = self.shared
+        deadline = time.monotonic() + recent_run
+        while shared.free < shared.threads and not shared.stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            shared.cond.wait(left)
 
     def run_once(self, idle: bool) -> bool | None:
         """Claim once, then wait if nothing was due. Returns whether the next claim is to look

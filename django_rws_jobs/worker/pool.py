@@ -149,6 +149,15 @@ class ProcessExecutor(Executor):
         return child
 
     def execute(self, job: Claimed) -> tuple[bool, str | None, str | None]:
+        started = time.monotonic()
+        try:
+            return self._execute(job)
+        finally:
+            took = time.monotonic() - started
+            recent = self.shared.recent_run
+            self.shared.recent_run = took if recent is None else recent + (took - recent) / 8
+
+    def _execute(self, job: Claimed) -> tuple[bool, str | None, str | None]:
         seconds = timeout_for(job, self.default_timeout)
         child = self._send(job)
         try:

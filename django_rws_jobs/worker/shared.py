@@ -91,6 +91,9 @@ class Shared:
         self.abandoned: set[int] = set()
         self.stats = Stats()
         self.exit_code = 0
+        # Seconds a job takes from hand-out to outcome, a moving average kept by the process
+        # pool's executors (None: not measured): the dispatcher's gather window (dispatcher.py).
+        self.recent_run: float | None = None
 
     def stop_all(self) -> None:
         self.stop.set()
