@@ -1,14 +1,16 @@
 """The worker's CPU instructions per job in a drain, counted by valgrind: a figure that does not
 move with the machine's speed or its other tenants.
 
-    scripts/bench instructions [sqlite|postgres|mysql] [--jobs N]
+    scripts/bench instructions [sqlite|postgres|mysql] [--jobs N] [--workers W]
 
-Drains N and then 3N due no-op jobs with `rws_worker --burst --workers 4`, each in a child process
-run under `valgrind --tool=callgrind`, and reports (instructions of the 3N drain - those of the N
-drain) / 2N: the start-up's cost cancels out. The jobs are enqueued by this process, outside the
-count. On SQLite the database's own work is in the figure (SQLite runs in the worker's process);
-on PostgreSQL and MariaDB only the worker's side is. valgrind runs the threads one at a time, so
-claim sizes differ from a real drain; compare two versions of the code by it, not two machines.
+Drains N and then 3N due no-op jobs with `rws_worker --burst --workers W` (4 by default), each in
+a child process run under `valgrind --tool=callgrind`, and reports (instructions of the 3N drain -
+those of the N drain) / 2N: the start-up's cost cancels out. The jobs are enqueued by this
+process, outside the count. On SQLite the database's own work is in the figure (SQLite runs in
+the worker's process); on PostgreSQL and MariaDB only the worker's side is. valgrind runs the
+threads one at a time, so claim sizes differ from a real drain and follow the thread scheduling
+(runs of the same code spread by 10-20%); `--workers 1` makes every claim one job, and the count
+repeatable to a fraction of a percent. Compare two versions of the code by it, not two machines.
 """
 
 from __future__ import annotations
@@ -26,11 +28,11 @@ ROOT = Path(__file__).resolve().parent.parent
 DRAIN = (
     "import django; django.setup()\n"
     "from django.core.management import call_command\n"
-    "call_command('rws_worker', burst=True, workers=4, verbosity=0)\n"
+    "call_command('rws_worker', burst=True, workers={workers}, verbosity=0)\n"
 )
 
 
-def instructions(db: str, n: int) -> int:
+def instructions(db: str, n: int, workers: int = 4) -> int:
     from benchmarks.run import clear, env_for
     from django_rws_jobs import enqueue_many
 
@@ -41,7 +43,7 @@ def instructions(db: str, n: int) -> int:
     connections.close_all()
     valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
     out = subprocess.run(
-        [*valgrind, sys.executable, "-c", DRAIN],
+        [*valgrind, sys.executable, "-c", DRAIN.format(workers=workers)],
         cwd=ROOT,
         env=env_for(db),
         capture_output=True,
@@ -60,6 +62,7 @@ def main() -> None:
     )
     parser.add_argument("db", nargs="?", default="sqlite", choices=["sqlite", "postgres", "mysql"])
     parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--workers", type=int, default=4)
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -68,9 +71,11 @@ def main() -> None:
 
     setup_django(args.db)
     reset_database(args.db)
-    small, large = instructions(args.db, args.jobs), instructions(args.db, 3 * args.jobs)
+    small = instructions(args.db, args.jobs, args.workers)
+    large = instructions(args.db, 3 * args.jobs, args.workers)
     print(
-        f"{args.db}: {(large - small) / (2 * args.jobs):,.0f} instructions per job in the worker "
+        f"{args.db}, --workers {args.workers}: {(large - small) / (2 * args.jobs):,.0f} instructions "
+        "per job in the worker "
         f"({small:,} for {args.jobs} jobs, {large:,} for {3 * args.jobs})"
     )
 
