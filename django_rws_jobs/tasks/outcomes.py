@@ -5,6 +5,7 @@ retries or moves the row to the dead-letter list, with its error in the history.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 import traceback
@@ -22,6 +23,16 @@ from . import history
 from .errors import WorkerLost
 
 logger = logging.getLogger("django_rws_jobs")
+
+
+@functools.cache
+def framework() -> tuple[Any, Any]:
+    """The ``compat`` and ``results`` modules, imported at the first task row: a project without
+    django.tasks never imports them (apps.py imports this module at start-up). A cached call
+    costs a fraction of a relative import inside a function, which runs at every call."""
+    from . import compat, results
+
+    return compat, results
 
 
 @dataclasses.dataclass
@@ -215,25 +226,25 @@ def finished(job: Claimed, after: dict[str, Any], outcome: TaskOutcome) -> None:
     """Send task_finished for the final outcome, with the result as get_result reads it: the
     attempt's own TaskResult brought to its end (as ImmediateBackend does), else one read from
     the row as written (recovery's outcome)."""
-    from .compat import TaskError, TaskResultStatus, task_finished
-
+    compat = framework()[0]
     result = outcome.result
     if result is not None:
         if outcome.error is not None:
-            result.errors.append(TaskError(**outcome.error))
-        status = TaskResultStatus.SUCCESSFUL if outcome.error is None else TaskResultStatus.FAILED
+            result.errors.append(compat.TaskError(**outcome.error))
+        status = (
+            compat.TaskResultStatus.SUCCESSFUL if outcome.error is None else compat.TaskResultStatus.FAILED
+        )
         object.__setattr__(result, "status", status)
         object.__setattr__(result, "finished_at", history.when(outcome.finished))
     else:
         result = _read_back(job, after, outcome)
         if result is None:
             return
-    send_robustly(task_finished, result)
+    send_robustly(compat.task_finished, result)
 
 
 def _read_back(job: Claimed, after: dict[str, Any], outcome: TaskOutcome) -> Any:
-    from .results import build
-
+    build = framework()[1].build
     status = "successful" if outcome.error is None else "failed"
     row = (job.id, job.job_type, job.payload, status, job.queue, job.priority, None, None)
     try:
@@ -248,9 +259,7 @@ def _read_back(job: Claimed, after: dict[str, Any], outcome: TaskOutcome) -> Any
 def send_robustly(signal: Any, result: Any) -> None:
     """Send ``signal`` to each receiver in turn; whatever one raises (even SystemExit) is logged
     and stops neither the others nor the worker's thread."""
-    from .compat import task_backends
-
-    sender = type(task_backends[result.backend])
+    sender = type(framework()[0].task_backends[result.backend])
     sync_receivers, async_receivers = signal._live_receivers(sender)
     for receiver in [*sync_receivers, *(async_to_sync(r) for r in async_receivers)]:
         try:

@@ -4,6 +4,7 @@ succeeded, in one query (tests/test_tasks_backend.py)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from django.db import connections
@@ -29,8 +30,10 @@ RESULT_SQL = (
 )
 
 
+@functools.lru_cache(maxsize=1024)
 def load_task(path: str) -> Task:
-    """The ``Task`` object a task row names by its module path; anything else is refused."""
+    """The ``Task`` object a task row names by its module path; anything else is refused. Found
+    once per path (a refusal is not kept: a later deploy may bring the task)."""
     try:
         found = import_string(path)
     except ImportError as exc:

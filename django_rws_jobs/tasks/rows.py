@@ -19,7 +19,7 @@ from ..runner import _close_old_connections
 from ..store import Claimed, Store
 from . import history
 from .errors import TaskNotFound
-from .outcomes import TaskOutcome, error_of, lost, record_task, send_robustly, succeed_many
+from .outcomes import TaskOutcome, error_of, framework, lost, record_task, send_robustly, succeed_many
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -52,35 +52,33 @@ class TaskRows:
 
 def run_task(job: Claimed) -> TaskOutcome:
     """Call the task with its arguments (and a TaskContext), outside any transaction."""
-    from .compat import TaskContext, TaskResultStatus, task_started
-    from .results import build
-
+    compat, results = framework()
     started = time.time()
     try:
-        result = build(_running_row(job, started), TASK_PREFIX)
+        result = results.build(_running_row(job, started), TASK_PREFIX)
     except BaseException as exc:  # noqa: BLE001  (the task cannot even be loaded: a failure)
         logger.error("task %s (%s) cannot run: %s", job.id, job.job_type, exc)
         failure = TaskNotFound(str(exc))
         failure.__cause__ = exc
         return TaskOutcome(None, started, time.time(), error=error_of(failure))
-    send_robustly(task_started, result)
+    send_robustly(compat.task_started, result)
     task = result.task
     try:
         func = task.func
-        call_args = [TaskContext(task_result=result), *result.args] if task.takes_context else result.args
+        call_args = (
+            [compat.TaskContext(task_result=result), *result.args] if task.takes_context else result.args
+        )
         if iscoroutinefunction(func):
             value = async_to_sync(func)(*call_args, **result.kwargs)
         else:
             value = func(*call_args, **result.kwargs)
-        from .compat import normalize_json
-
-        text = history.dumps(normalize_json(value))
+        text = history.dumps(compat.normalize_json(value))
     except BaseException as exc:  # noqa: BLE001  (every failure is the task's, as Django records it)
         logger.error(
             "task %s (%s) failed on attempt %d", job.id, task.module_path, result.attempts, exc_info=True
         )
         outcome = TaskOutcome(result, started, time.time(), error=error_of(exc))
-        object.__setattr__(result, "status", TaskResultStatus.FAILED)
+        object.__setattr__(result, "status", compat.TaskResultStatus.FAILED)
         return outcome
     object.__setattr__(result, "_return_value", history.load_value(text))
     return TaskOutcome(result, started, time.time(), value=text)
@@ -107,9 +105,7 @@ def _running_row(job: Claimed, started: float) -> tuple[Any, ...]:
 
 def _stored_history(job: Claimed) -> str | None:
     payload = history.load(job.payload)
-    from .compat import task_backends
-
-    alias = task_backends[payload.get("backend", "default")].database
+    alias = framework()[0].task_backends[payload.get("backend", "default")].database
     with connections[alias].cursor() as c:
         c.execute("SELECT task_history FROM rws_jobs WHERE id = %s", [job.id])
         row = c.fetchone()
