@@ -43,6 +43,13 @@ class WorkerProcess:
     def output(self) -> str:
         return self.log.read_text()
 
+    def started(self, timeout: float = 30) -> None:
+        """Wait for the start-up line, which the worker logs once its signal handlers are set: a
+        signal sent earlier kills it as any process (a loaded machine can take seconds)."""
+        wait_for(
+            lambda: " starting: " in self.output(), timeout, what=f"the worker to start:\n{self.output()}"
+        )
+
     def wait(self, timeout: float = 60) -> int:
         try:
             return self.proc.wait(timeout)
@@ -244,7 +251,8 @@ def test_a_second_signal_exits_at_once(workers):
 
 def test_idle_worker_stops_at_once(workers):
     w = workers("--workers", "3", jobs={"POLL_INTERVAL": 30})
-    time.sleep(2)
+    w.started()
+    time.sleep(1)  # idle by now: its first claim found nothing
     t0 = time.monotonic()
     w.signal(signal.SIGTERM)
     assert w.wait(10) == 0
