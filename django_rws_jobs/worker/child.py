@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import operator
 import os
+import pickle
 import resource
 import signal
 import traceback
@@ -20,12 +22,19 @@ from typing import Any
 
 from ..store import Claimed
 
-#: A job's fields in order, to send it as a tuple.
-FIELDS = tuple(f.name for f in dataclasses.fields(Claimed))
+#: A job's fields in order, to send it as a tuple (a tuple of plain values pickles faster than
+#: the dataclass).
+astuple = operator.attrgetter(*(f.name for f in dataclasses.fields(Claimed)))
 
 
-def astuple(job: Claimed) -> tuple[Any, ...]:
-    return tuple([getattr(job, name) for name in FIELDS])
+def send(conn: Connection, value: Any) -> None:
+    """Send ``value`` pickled by the C pickler: Connection.send builds a ForkingPickler (a Python
+    class, for sockets and other handles, which jobs and answers never hold) at every call."""
+    conn.send_bytes(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+
+
+def receive(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
 
 
 #: What a child answers for a job: (error, traceback, its peak resident memory in MB, whether it
@@ -60,7 +69,7 @@ class Child:
         return self.process.pid or 0
 
     def send(self, job: Claimed) -> None:
-        self.conn.send(astuple(job))  # a tuple of plain values pickles faster than the dataclass
+        send(self.conn, astuple(job))
 
     def answer(self, seconds: float | None) -> Answer | None:
         """The child's answer for the job sent; None when ``seconds`` passed first. Raises
@@ -68,7 +77,7 @@ class Child:
         try:
             if seconds is not None and not self.conn.poll(seconds):
                 return None
-            answer: Answer = self.conn.recv()
+            answer: Answer = receive(self.conn)
         except (EOFError, OSError):
             raise ChildDied(self.why_dead()) from None
         self.jobs += 1
@@ -87,7 +96,7 @@ class Child:
     def stop(self) -> None:
         """Let the child finish (it is idle) and exit."""
         try:
-            self.conn.send(None)
+            send(self.conn, None)
         except OSError:
             pass
         self.process.join(5)
@@ -124,14 +133,14 @@ def serve(conn: Connection) -> None:
 
     code = 0
     try:
-        while (fields := conn.recv()) is not None:
+        while (fields := receive(conn)) is not None:
             job = Claimed(*fields)
             try:
                 error, tb = execute(job)
             except BaseException as exc:  # SystemExit and the like: a failure; then this child ends
-                conn.send((describe(exc), traceback.format_exc(), _peak_mb(), True))
+                send(conn, (describe(exc), traceback.format_exc(), _peak_mb(), True))
                 raise
-            conn.send((error, tb, _peak_mb(), False))
+            send(conn, (error, tb, _peak_mb(), False))
     except EOFError:
         pass  # the worker is gone
     except BaseException:
