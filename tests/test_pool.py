@@ -11,7 +11,12 @@ import pytest
 
 import django_rws_jobs as rws
 from django_rws_jobs.models import Job
-from tests.test_worker import run_counts, wait_for, workers  # noqa: F401  (workers: a fixture)
+from tests.test_worker import (  # noqa: F401  (workers: a fixture)
+    run_counts,
+    stop_and_see_handed_back,
+    wait_for,
+    workers,
+)
 from tests.testapp.models import Run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -118,14 +123,8 @@ def test_sigterm_hands_back_unfinished_jobs_uncharged_and_ends_their_children(wo
     w = workers("--workers", "2", *POOL, jobs={**FAST, "SHUTDOWN_TIMEOUT": 1.5})
     wait_for(lambda: Run.objects.filter(kind="start").count() == 2, what="both jobs to start")
     pid = Run.objects.get(kind="start", payload="20").pid
-    t0 = time.monotonic()
-    w.signal(signal.SIGTERM)
-    assert w.wait(30) == 0, w.output()
-    assert time.monotonic() - t0 < 10
-    job = Job.objects.get(id=job_id)
-    assert (job.status, job.attempts, job.locked_by) == ("pending", 0, None)
+    stop_and_see_handed_back(w, job_id, within=10)
     assert not Job.objects.filter(id=done).exists()  # the short one finished within the timeout
-    assert "handed back: interrupted" in w.output()
     wait_for(lambda: gone(pid), timeout=5, what="the child to end")
 
 

@@ -223,17 +223,23 @@ def test_sigterm_lets_the_running_job_finish_and_exits_0(workers):
     assert "worker stopped: 1 done" in w.output()
 
 
+def stop_and_see_handed_back(w: WorkerProcess, job_id: str, within: float) -> None:
+    """SIGTERM ``w``: it exits 0 within ``within`` seconds, and the unfinished job ``job_id`` is
+    pending again, its attempt not charged, its lease gone."""
+    t0 = time.monotonic()
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+    assert time.monotonic() - t0 < within
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.attempts, job.locked_by) == ("pending", 0, None)
+    assert "handed back: interrupted" in w.output()
+
+
 def test_sigterm_hands_back_what_does_not_finish_in_time(workers):
     job_id = rws.enqueue("test.sleep", "20")
     w = workers("--workers", "1", jobs={"SHUTDOWN_TIMEOUT": 1})
     wait_for(lambda: Run.objects.filter(kind="start").exists(), what="the job to start")
-    t0 = time.monotonic()
-    w.signal(signal.SIGTERM)
-    assert w.wait(30) == 0, w.output()
-    assert time.monotonic() - t0 < 8
-    job = Job.objects.get(id=job_id)
-    assert (job.status, job.attempts, job.locked_by) == ("pending", 0, None)
-    assert "handed back: interrupted" in w.output()
+    stop_and_see_handed_back(w, job_id, within=8)
 
 
 def test_a_second_signal_exits_at_once(workers):
