@@ -22,8 +22,8 @@ find_python() {
     return 1
 }
 
-need_apt=()
 ensure_system_packages() {
+    local need_apt=()
     # mysqlclient compiles against the MariaDB client headers; the browser test uses Debian's chromium.
     [ -f /usr/include/mariadb/mysql.h ] || [ -f /usr/include/mysql/mysql.h ] || need_apt+=(libmariadb-dev)
     command -v pkg-config >/dev/null || need_apt+=(pkg-config)
@@ -73,6 +73,7 @@ make_venv() {
     local stamp="$dir/.rws-stamp" want
     want="$django|$extras|$(sha1sum "$ROOT/pyproject.toml" | cut -c1-12)"
     if [ -x "$dir/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then return 0; fi
+    ensure_system_packages   # the test extra's mysqlclient builds against the MariaDB headers
     py=$(find_python "$minpy") || { log "no Python >= $minpy found"; return 1; }
     log "creating $dir with $py ($django)"
     rm -rf "$dir"
