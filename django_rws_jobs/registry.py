@@ -155,6 +155,19 @@ def _name(func: Handler) -> str:
 registry = Registry()
 
 
+def time_limit(own: float | None, job_type: str, default: float | None) -> tuple[float | None, str]:
+    """A job's time limit in seconds and where it comes from: its own ``own`` ('own'), else its
+    type's ``@job(timeout=)`` ('type'; None there means none), else ``default`` ('setting',
+    RWS_JOBS["TIMEOUT"]). The worker enforces it (worker/timeouts.py); the admin shows it."""
+    if own is not None:
+        return float(own), "own"
+    spec = registry.get(job_type)
+    if spec is not None and "timeout" in spec.options:
+        value = spec.options["timeout"]
+        return (None if value is None else float(value)), "type"
+    return default, "setting"
+
+
 def register(job_type: str, func: Handler, **options: Any) -> Handler:
     """Register ``func`` as the handler of ``job_type``; a second, different function raises."""
     return registry.register(job_type, func, **options)

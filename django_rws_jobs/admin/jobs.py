@@ -17,7 +17,7 @@ from django.utils.translation import gettext_lazy as _
 from .. import humanize
 from ..conf import jobs_settings
 from ..models import Job, JobQuerySet, Status
-from ..registry import registry
+from ..registry import registry, time_limit
 from . import overview
 from .common import (
     QueueDatabaseAdmin,
@@ -93,14 +93,18 @@ class JobTypeFilter(DeclaredChoicesFilter):
         return set(registry.job_types())
 
 
+#: How the job's page names where its time limit comes from (registry.time_limit).
+LIMIT_SOURCES = {
+    "own": _("this job's own"),
+    "type": _("its job type's"),
+    "setting": _("RWS_JOBS['TIMEOUT']"),
+}
+
+
 def limit_of(job: Job) -> tuple[float | None, str]:
     """A job's time limit and where it comes from."""
-    if job.timeout is not None:
-        return job.timeout, str(_("this job's own"))
-    spec = registry.get(job.job_type)
-    if spec is not None and "timeout" in spec.options:
-        return spec.options["timeout"], str(_("its job type's"))
-    return jobs_settings.TIMEOUT, str(_("RWS_JOBS['TIMEOUT']"))
+    seconds, source = time_limit(job.timeout, job.job_type, jobs_settings.TIMEOUT)
+    return seconds, str(LIMIT_SOURCES[source])
 
 
 def _time_detail(ts: int | None) -> SafeString | str:

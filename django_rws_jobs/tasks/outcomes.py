@@ -54,7 +54,7 @@ def error_of(exc: BaseException) -> dict[str, str]:
     }
 
 
-def lost(job: Claimed, text: str) -> TaskOutcome:
+def failure_from_text(job: Claimed, text: str) -> TaskOutcome:
     """The outcome of a failure the worker recorded as text, not the task: JobTimeout when the
     attempt ran past its limit, else WorkerLost (recovery, a child process that died). Pinned by
     tests/test_tasks_worker.py::test_a_task_past_its_timeout_fails_with_job_timeout."""

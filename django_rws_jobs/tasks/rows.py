@@ -19,7 +19,15 @@ from ..runner import _close_old_connections
 from ..store import Claimed, Store
 from . import history
 from .errors import TaskNotFound
-from .outcomes import TaskOutcome, error_of, framework, lost, record_task, send_robustly, succeed_many
+from .outcomes import (
+    TaskOutcome,
+    error_of,
+    failure_from_text,
+    framework,
+    record_task,
+    send_robustly,
+    succeed_many,
+)
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -35,7 +43,7 @@ class TaskRows:
 
     def record(self, store: Store, job: Claimed, outcome: Any, expired_before: int | None) -> str:
         if isinstance(outcome, str):  # recovery (a lost worker) or a runner's text: a failure
-            outcome = lost(job, outcome)
+            outcome = failure_from_text(job, outcome)
         return record_task(store, job, outcome, expired_before)
 
     def record_many(self, store: Store, pairs: list[tuple[Claimed, Any]]) -> list[str]:

@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass
 
 from ..exceptions import JobTimeout, timeout_message
-from ..registry import registry
+from ..registry import time_limit
 from ..runner import TRACEBACK_MAX, execute, storable
 from ..store import Claimed
 from .shared import Shared
@@ -26,15 +26,9 @@ logger = logging.getLogger("django_rws_jobs")
 
 
 def timeout_for(job: Claimed, default: float | None) -> float | None:
-    """The job's time limit in seconds: its own, else its type's (``@job(timeout=None)`` means
-    none), else ``default`` (RWS_JOBS["TIMEOUT"])."""
-    if job.timeout is not None:
-        return float(job.timeout)
-    spec = registry.get(job.job_type)
-    if spec is not None and "timeout" in spec.options:
-        value = spec.options["timeout"]
-        return None if value is None else float(value)
-    return default
+    """The job's time limit in seconds: its own, else its type's, else ``default``
+    (registry.time_limit)."""
+    return time_limit(job.timeout, job.job_type, default)[0]
 
 
 def _async_raise(ident: int, exc: type[BaseException] | None) -> None:
