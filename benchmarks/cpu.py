@@ -1,9 +1,11 @@
 """The worker's CPU time per job, and what its claims and completions look like, in one drain.
 
     scripts/bench cpu [sqlite|postgres|mysql] [--jobs N] [--workers W] [--repeat R]
-                      [--future F [--future-bands B]]
+                      [--future F [--future-bands B]] [--tasks] [--pool processes]
 
-Runs `rws_worker --burst` in this process over N due no-op jobs and reports the rate, the
+Runs `rws_worker --burst` in this process over N due no-op jobs (with --tasks, no-op django.tasks
+`@task` tasks; with --pool processes, in child processes, whose own CPU time is not counted) and
+reports the rate, the
 process's CPU time (user + system) per job and each role's share of it (the dispatcher, the
 executors together, the completer, the keeper), how many jobs each claim and completion carried, and
 the claim's and completion's wall time. CPU time per job varies much less than the rate on a
@@ -45,6 +47,8 @@ def main() -> None:
         default=0,
         help="spread the future jobs over this many priorities above the due jobs'",
     )
+    parser.add_argument("--tasks", action="store_true", help="no-op @task tasks instead of @job jobs")
+    parser.add_argument("--pool", default="threads", choices=["threads", "processes"])
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from benchmarks.run import clear, fill_future, reset_database, setup_django
@@ -99,9 +103,14 @@ def main() -> None:
         if not args.future:
             clear()
         claims.clear(), completions.clear(), claim_s.clear(), complete_s.clear(), roles.clear()
-        enqueue_many([("bench.noop", "")] * args.jobs)
+        if args.tasks:
+            from benchmarks.benchapp.tasks import noop
+
+            enqueue_many([{"task": noop}] * args.jobs)
+        else:
+            enqueue_many([("bench.noop", "")] * args.jobs)
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        call_command("rws_worker", burst=True, workers=args.workers, verbosity=0)
+        call_command("rws_worker", burst=True, workers=args.workers, pool=args.pool, verbosity=0)
         t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         print(
