@@ -47,70 +47,85 @@ def _queues(value: str | None) -> list[str] | None:
     return queue_list(names)
 
 
+def _add_capacity_arguments(parser: CommandParser) -> None:
+    """How many workers run, and on which queues."""
+    parser.add_argument(
+        "--workers", "-w", type=_positive_int, default=1, help="worker threads per process (default 1)"
+    )
+    parser.add_argument(
+        "--processes",
+        "-p",
+        type=_positive_int,
+        default=1,
+        help="worker processes, each with --workers threads, to use several cores (default 1)",
+    )
+    parser.add_argument(
+        "--queues",
+        "-q",
+        default=None,
+        help="comma-separated queues to run (default: all; given, it must name one)",
+    )
+
+
+def _add_pool_arguments(parser: CommandParser) -> None:
+    """Where handlers run, and when a child process is replaced."""
+    parser.add_argument(
+        "--pool",
+        choices=["threads", "processes"],
+        default="threads",
+        help="where handlers run: in the worker's threads (default), or each executor's in a child "
+        "process, which a timeout, a crash or a limit below replaces",
+    )
+    parser.add_argument(
+        "--max-jobs-per-child",
+        type=_positive_int,
+        default=None,
+        help="with --pool processes: replace a child after this many jobs",
+    )
+    parser.add_argument(
+        "--max-memory-per-child",
+        type=_positive_int,
+        default=None,
+        metavar="MB",
+        help="with --pool processes: replace a child once its peak memory passes this many MB",
+    )
+
+
+def _add_run_arguments(parser: CommandParser) -> None:
+    """When the worker stops, how long it waits when idle, and whether it runs the cron schedules."""
+    parser.add_argument("--burst", action="store_true", help="exit 0 once nothing is due")
+    parser.add_argument(
+        "--max-jobs", type=_positive_int, default=None, help="stop after this many jobs (per process)"
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=None,
+        help="seconds an idle worker waits before looking again (default: POLL_INTERVAL)",
+    )
+    parser.add_argument(
+        "--schedules",
+        dest="schedules",
+        action="store_true",
+        default=None,
+        help="run cron schedules (default: on, off with --burst)",
+    )
+    parser.add_argument(
+        "--no-schedules",
+        dest="schedules",
+        action="store_false",
+        help="do not run cron schedules in this process",
+    )
+
+
 class Command(BaseCommand):
     help = "Run django-rws-jobs workers: claim due jobs, run them, retry failures, enqueue cron jobs."
     requires_system_checks = [Tags.models, "rws_jobs"]
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--workers", "-w", type=_positive_int, default=1, help="worker threads per process (default 1)"
-        )
-        parser.add_argument(
-            "--processes",
-            "-p",
-            type=_positive_int,
-            default=1,
-            help="worker processes, each with --workers threads, to use several cores (default 1)",
-        )
-        parser.add_argument(
-            "--queues",
-            "-q",
-            default=None,
-            help="comma-separated queues to run (default: all; given, it must name one)",
-        )
-        parser.add_argument(
-            "--pool",
-            choices=["threads", "processes"],
-            default="threads",
-            help="where handlers run: in the worker's threads (default), or each executor's in a child "
-            "process, which a timeout, a crash or a limit below replaces",
-        )
-        parser.add_argument(
-            "--max-jobs-per-child",
-            type=_positive_int,
-            default=None,
-            help="with --pool processes: replace a child after this many jobs",
-        )
-        parser.add_argument(
-            "--max-memory-per-child",
-            type=_positive_int,
-            default=None,
-            metavar="MB",
-            help="with --pool processes: replace a child once its peak memory passes this many MB",
-        )
-        parser.add_argument("--burst", action="store_true", help="exit 0 once nothing is due")
-        parser.add_argument(
-            "--max-jobs", type=_positive_int, default=None, help="stop after this many jobs (per process)"
-        )
-        parser.add_argument(
-            "--poll-interval",
-            type=float,
-            default=None,
-            help="seconds an idle worker waits before looking again (default: POLL_INTERVAL)",
-        )
-        parser.add_argument(
-            "--schedules",
-            dest="schedules",
-            action="store_true",
-            default=None,
-            help="run cron schedules (default: on, off with --burst)",
-        )
-        parser.add_argument(
-            "--no-schedules",
-            dest="schedules",
-            action="store_false",
-            help="do not run cron schedules in this process",
-        )
+        _add_capacity_arguments(parser)
+        _add_pool_arguments(parser)
+        _add_run_arguments(parser)
         parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
 
     def handle(self, *args: Any, **options: Any) -> None:
