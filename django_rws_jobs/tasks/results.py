@@ -67,39 +67,10 @@ def build(row: tuple[Any, ...], prefix: str) -> TaskResult:
         task = load_task(path)
     except (ImportError, TypeError) as exc:
         raise TaskResultDoesNotExist(f"{result_id}: {exc}") from exc
-    run_after = payload.get("run_after")
-    backend = payload.get("backend", task.backend)
-    if (
-        run_after is not None
-        or task.queue_name != queue
-        or task.priority != priority
-        or task.backend != backend
-        or task.run_after is not None
-    ):  # the task as enqueued, with .using()'s changes (replace validates the task again)
-        task = dataclasses.replace(
-            task,
-            queue_name=queue,
-            priority=int(priority),
-            backend=backend,
-            run_after=None if run_after is None else _parse(run_after),
-        )
+    task = _as_enqueued(task, payload, queue, priority)
     state = TaskResultStatus.SUCCESSFUL if status == "successful" else STATUSES[status]
     enqueued = float(payload.get("enqueued_at") or 0)
-    worker_ids = list(past.get("worker_ids") or [])
-    started_at = past.get("started_at")
-    attempted = past.get("last_attempted_at")
-    finished = (
-        past.get("finished_at") if state in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED) else None
-    )
-    if state == TaskResultStatus.RUNNING:
-        # The running attempt is in the claim, not yet in the history (a claim writes none).
-        attempted = max(float(started or 0), enqueued)
-        started_at = started_at or attempted
-        worker = history.worker_of(token)
-        if worker is not None:
-            worker_ids.append(worker)
-    if finished is None and state == TaskResultStatus.FAILED and ended is not None:
-        finished = max(float(ended), float(attempted or 0))
+    started_at, attempted, finished, worker_ids = _attempts(state, past, enqueued, started, token, ended)
     result = TaskResult(
         task=task,
         id=result_id,
@@ -117,6 +88,51 @@ def build(row: tuple[Any, ...], prefix: str) -> TaskResult:
     if state == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", history.load_value(value))
     return result
+
+
+def _as_enqueued(task: Task, payload: dict[str, Any], queue: str, priority: Any) -> Task:
+    """``task`` as it was enqueued, with .using()'s changes (replace validates the task again)."""
+    run_after = payload.get("run_after")
+    backend = payload.get("backend", task.backend)
+    if (
+        run_after is not None
+        or task.queue_name != queue
+        or task.priority != priority
+        or task.backend != backend
+        or task.run_after is not None
+    ):
+        return dataclasses.replace(
+            task,
+            queue_name=queue,
+            priority=int(priority),
+            backend=backend,
+            run_after=None if run_after is None else _parse(run_after),
+        )
+    return task
+
+
+def _attempts(
+    state: TaskResultStatus, past: dict[str, Any], enqueued: float, started: Any, token: Any, ended: Any
+) -> tuple[Any, Any, Any, list[str]]:
+    """(started_at, last_attempted_at, finished_at, worker_ids) of a task in ``state``, times in unix
+    seconds: from its history ``past``, the claim of a running task (``started``, ``token``) and the
+    row's last time (``ended``: failed_at or finished_at)."""
+    worker_ids = list(past.get("worker_ids") or [])
+    started_at = past.get("started_at")
+    attempted = past.get("last_attempted_at")
+    finished = (
+        past.get("finished_at") if state in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED) else None
+    )
+    if state == TaskResultStatus.RUNNING:
+        # The running attempt is in the claim, not yet in the history (a claim writes none).
+        attempted = max(float(started or 0), enqueued)
+        started_at = started_at or attempted
+        worker = history.worker_of(token)
+        if worker is not None:
+            worker_ids.append(worker)
+    if finished is None and state == TaskResultStatus.FAILED and ended is not None:
+        finished = max(float(ended), float(attempted or 0))
+    return started_at, attempted, finished, worker_ids
 
 
 def _parse(text: str) -> Any:
