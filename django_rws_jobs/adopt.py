@@ -22,6 +22,8 @@ from typing import Any
 from django.db import migrations, models
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
+from .backends import backend_for
+
 
 class CreateOrAdoptModel(migrations.CreateModel):
     """CreateModel, or, where the table exists already (rust-web-server's), adopt it with its rows."""
@@ -53,7 +55,7 @@ def adopt(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model]) ->
             f"cannot adopt table {table!r}: it has columns the model does not know: "
             f"{', '.join(sorted(unknown))} (expected rust-web-server's form of the table)"
         )
-    if conn.vendor == "sqlite":
+    if backend_for(conn).features.adopts_by_rebuild:
         _rebuild(schema_editor, model, [f.column for f in fields if f.column in columns])
         return
     for field in fields:

@@ -51,6 +51,9 @@ class BaseFeatures:
     shared_lock = ""
     #: The driver connection takes several statements in one call (asked of the open connection).
     sends_several_statements = False
+    #: A rust-web-server table is adopted by rebuilding it in the migration's transaction, as
+    #: Django's own SQLite schema editor alters tables (adopt.py; tests/test_adopt.py).
+    adopts_by_rebuild = False
 
     def __init__(self, conn: BaseDatabaseWrapper):
         self.conn = conn

@@ -31,6 +31,7 @@ class SQLiteFeatures(BaseFeatures):
     # (tests/test_worker.py, docs/design.md "SQLite").
     deletes_with_claim = True
     wakeup = "data_version"
+    adopts_by_rebuild = True
 
     @property
     def max_query_params(self) -> int:  # type: ignore[override]
