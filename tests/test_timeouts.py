@@ -183,6 +183,81 @@ def test_a_thread_stuck_in_a_blocking_call_is_abandoned_and_replaced(workers):  
     assert "1 timed out, 1 threads abandoned" in out
 
 
+def test_limits_shorter_than_the_watchdogs_own_steps_keep_the_books():
+    """A JobTimeout may arrive at any bytecode once a job is watched, also before the handler
+    starts: it is the job's outcome, never an exception out of Watchdog.run, and no watch is left
+    behind (left behind, it was abandoned later and freed its executor's slot a second time)."""
+    import threading
+
+    from django_rws_jobs.worker.shared import Shared
+    from django_rws_jobs.worker.timeouts import Watchdog
+
+    shared = Shared("default", 4)
+    watchdog = Watchdog(shared, 0.3)
+    threading.Thread(target=watchdog.loop, daemon=True).start()
+    escaped: list[BaseException] = []
+
+    def executor(n: int) -> None:
+        for i in range(n):
+            job = Claimed(
+                f"{threading.get_ident()}-{i}",
+                "test.busy",
+                "0.002",
+                "default",
+                0,
+                0,
+                0,
+                0,
+                0,
+                None,
+                None,
+                "t#1",
+            )
+            try:
+                watchdog.run(job, 0.0001)
+            except BaseException as exc:  # noqa: BLE001
+                escaped.append(exc)
+
+    threads = [threading.Thread(target=executor, args=(500,), daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "an executor thread is stuck"
+    time.sleep(0.5)  # past the grace: a watch left behind would be abandoned now
+    closing = threading.Thread(target=watchdog.close, daemon=True)
+    closing.start()
+    closing.join(5)
+    assert not closing.is_alive(), "the watchdog's wake-up is stuck"
+    assert escaped == [] and watchdog.watches == set()
+    assert shared.stats.abandoned == 0 and shared.results.qsize() == 0 and shared.free == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_abandoned_handler_that_ends_with_system_exit_is_recorded_once(settings):
+    """The watchdog records the failure of a thread it abandons; when the handler later returns
+    from its blocking call and raises SystemExit, the executor does not record it again nor free
+    its slot twice (the dispatcher would claim more jobs than it has executors)."""
+    import threading
+
+    from django_rws_jobs.worker import Worker
+
+    settings.RWS_JOBS = {"TIMEOUT_GRACE": 0.3, "SHUTDOWN_TIMEOUT": 3}
+    stuck = rws.enqueue("test.blocked_then_exit", "1.5", timeout=0.3, max_retries=0)
+    worker = Worker(threads=1, schedules=False)
+    t = threading.Thread(target=worker.run, daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: failed(stuck), timeout=10, what="the blocked job to fail")
+        time.sleep(1.8)  # the handler's sleep returns and it raises SystemExit
+        assert worker.shared.free == 1
+        assert worker.shared.stats.dead == 1 and worker.shared.stats.lost == 0
+    finally:
+        worker.stop()
+        t.join(10)
+    assert Job.objects.get(id=stuck).last_error == "JobTimeout: ran longer than 0.3 s"
+
+
 # -- the process pool's dispatcher ----------------------------------------------------------------
 
 

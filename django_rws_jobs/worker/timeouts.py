@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import queue
 import threading
 import time
 import traceback
@@ -59,7 +60,9 @@ class Watchdog:
         # A plain Lock, entered by C code only: a JobTimeout raised in a thread that enters a
         # Python-level lock (a Condition) can leave it held for ever.
         self.lock = threading.Lock()
-        self.wake = threading.Event()  # a new watch, or close()
+        # A new watch, or close(): a SimpleQueue, whose put is one C call (an Event's set enters
+        # a Condition, Python code a JobTimeout could stop half-way).
+        self.wake: queue.SimpleQueue[None] = queue.SimpleQueue()
         self.watches: set[Watch] = set()
         self.closed = False
 
@@ -67,11 +70,14 @@ class Watchdog:
         """Run ``job`` in the calling thread under its limit: (abandoned, error, traceback).
         Abandoned, the failure is recorded already: the caller drops its outcome."""
         watch = Watch(job, threading.get_ident(), seconds, time.monotonic() + seconds)
-        with self.lock:
-            self.watches.add(watch)
-        self.wake.set()
+        # From the moment the watch is in ``watches``, a JobTimeout may arrive at any bytecode of
+        # this frame: everything after the add is inside the try whose handler records it
+        # (tests/test_timeouts.py::test_limits_shorter_than_the_watchdogs_own_steps_keep_the_books).
         try:
             try:
+                with self.lock:
+                    self.watches.add(watch)
+                self.wake.put(None)
                 error, tb = execute(job)
             finally:
                 self._finish(watch)
@@ -81,6 +87,11 @@ class Watchdog:
                 "job %s (%s) ran longer than its %g s limit: interrupted", job.id, job.job_type, seconds
             )
             return watch.abandoned, timeout_message(seconds), storable(traceback.format_exc(), TRACEBACK_MAX)
+        except BaseException:
+            self._finish(watch)
+            if watch.abandoned:  # its failure is recorded and its slot freed: nothing more to say
+                return True, None, None
+            raise
         if watch.fired:  # it returned past its deadline (or swallowed JobTimeout): a failure all the same
             return watch.abandoned, timeout_message(seconds), tb
         return False, error, tb
@@ -95,14 +106,18 @@ class Watchdog:
 
     def close(self) -> None:
         self.closed = True
-        self.wake.set()
+        self.wake.put(None)
 
     def loop(self) -> None:
         while not self.closed:
             with self.lock:
                 wait = self.run_once(time.monotonic())
-            self.wake.wait(wait)
-            self.wake.clear()
+            try:
+                self.wake.get(timeout=wait)
+                while True:
+                    self.wake.get_nowait()
+            except queue.Empty:
+                pass
 
     def run_once(self, now: float) -> float | None:
         """Interrupt and abandon what is due at ``now`` (the caller holds ``lock``); return the

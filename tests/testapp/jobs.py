@@ -208,3 +208,21 @@ def leak(payload: str) -> None:
     """Keeps ``payload`` MB for the rest of the process's life."""
     _leaked.append(b"\x01" * (int(payload) * 1024 * 1024))  # written, so resident
     _trace("leak", payload)
+
+
+@job("test.busy")
+def busy(payload: str) -> None:
+    """Busy for ``payload`` seconds in pure Python: interruptible at any bytecode."""
+    end = time.monotonic() + float(payload)
+    while time.monotonic() < end:
+        pass
+
+
+@job("test.blocked_then_exit")
+def blocked_then_exit(payload: str) -> None:
+    """Blocks in one C call for ``payload`` seconds, then turns what interrupted it into
+    SystemExit (a handler of an abandoned thread that ends it its own way)."""
+    try:
+        time.sleep(float(payload))
+    except BaseException:
+        raise SystemExit(3) from None
