@@ -591,3 +591,68 @@ def test_a_forked_process_gets_a_worker_id_of_its_own():
     assert parent.split(":")[1] == pid and parent_after == parent
     assert child_token.split("#")[0] != parent
     assert child_token.split(":")[1] == child_pid
+
+
+#: Run in a process of its own: the supervisor's wait with its Python part made frequent, and a
+#: SIGTERM. Exit 0 when the worker stopped; a handler that set the Event itself could deadlock on
+#: the lock the interrupted wait holds, and the process would hang until the test's timeout.
+SIGNAL_DURING_WAIT = """
+import os, signal, threading
+import django
+django.setup()
+from django_rws_jobs.worker import Worker
+w = Worker(threads=1, schedules=False)
+w.install_signal_handlers()
+for _ in range(20):
+    w._signals = 0
+    w.shared.stop.clear()
+    threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    while not w.shared.stop.wait(0):
+        pass
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_signal_during_the_supervisors_wait_stops_the_worker():
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNAL_DURING_WAIT], cwd=ROOT, env=subprocess_env(), timeout=60
+    )
+    assert done.returncode == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_that_finishes_as_the_completer_stops_is_recorded(settings, monkeypatch):
+    """A job that finishes after the completer took its last batch is recorded by the shutdown
+    (it was neither recorded nor handed back: its row stayed running until its lease expired)."""
+    import threading
+
+    from django_rws_jobs import job
+    from django_rws_jobs.worker import Worker, keeper
+
+    settings.RWS_JOBS = {"SHUTDOWN_TIMEOUT": 5}
+    loop = keeper.LeaseKeeper.loop
+
+    def slow_exit(self):  # a lease renewal under way as the keeper is told to stop
+        try:
+            loop(self)
+        finally:
+            time.sleep(0.5)
+
+    monkeypatch.setattr(keeper.LeaseKeeper, "loop", slow_exit)
+    worker = Worker(threads=1, schedules=False)
+
+    @job("test.finishes_late")
+    def finishes_late(payload: str) -> None:
+        while not (worker.shared.stop.is_set() and not worker._threads["rws-completer"].is_alive()):
+            time.sleep(0.01)
+
+    try:
+        job_id = rws.enqueue("test.finishes_late")
+        threading.Timer(1.0, worker.stop).start()
+        assert worker.run() == 0
+        assert not Job.objects.filter(id=job_id).exists()
+        assert worker.shared.stats.done == 1
+    finally:
+        from django_rws_jobs.registry import registry
+
+        registry.unregister("test.finishes_late")

@@ -131,3 +131,23 @@ class Completer:
                 job.job_type,
             )
             return "lost"
+
+
+def record_late_outcomes(shared: Shared) -> None:
+    """Record the outcomes of jobs that finished after the completer stopped (the shutdown calls
+    it): each job is recorded or handed back, never left running until its lease expires
+    (tests/test_worker.py::test_a_job_that_finishes_as_the_completer_stops_is_recorded)."""
+    late: list[Outcome] = []
+    while True:
+        try:
+            item = shared.results.get_nowait()
+        except queue.Empty:
+            break
+        if item is not None:
+            late.append(item)
+    if late:
+        completer = Completer(shared)
+        try:
+            completer.record(late)
+        finally:
+            completer.holder.close()

@@ -24,7 +24,7 @@ from ..runner import recover
 from ..schedules import tick_schedules
 from ..store import Claimed
 from ..validation import INT32_MAX, INT64_MAX, integer, queue_list
-from .completer import Completer
+from .completer import Completer, record_late_outcomes
 from .dispatcher import Dispatcher
 from .executor import Executor
 from .keeper import LeaseKeeper
@@ -98,7 +98,10 @@ class Worker:
                 if self.pool is not None:
                     self.pool.kill_all()
                 os._exit(1)
-            self.stop()
+            # Not stop() here: Event.set takes the Event's lock, which the main thread may hold
+            # inside stop.wait() when the signal arrives (tests/test_worker.py
+            # test_a_signal_during_the_supervisors_wait_stops_the_worker).
+            threading.Thread(target=self.stop, name="rws-stop", daemon=True).start()
 
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
@@ -251,6 +254,7 @@ class Worker:
                 self._threads[name].join(5)
         # Last: jobs whose handlers are still running are handed back, and the process exits at
         # once, so they are not run here any further while another worker may take them.
+        record_late_outcomes(shared)
         unfinished = self._unfinished()
         if self.pool is not None and unfinished:
             # Their children go first, so a job handed back is not run here any further.
@@ -258,6 +262,7 @@ class Worker:
         if unfinished:
             why = f"interrupted: it did not finish within SHUTDOWN_TIMEOUT ({timeout:g}s)"
             shared.hand_back(unfinished, why)
+        record_late_outcomes(shared)
         stats = shared.stats
         logger.info(
             "worker stopped: %d done, %d retried, %d dead, %d results dropped, %d timed out, "
