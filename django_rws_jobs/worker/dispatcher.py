@@ -127,6 +127,9 @@ class Dispatcher:
             if not is_transient(exc):
                 shared.fail(exc, "claiming")
             return None  # a permanent error, or stopping
+        except BaseException:  # a bug: the succeeded jobs still get deleted (by the completer)
+            shared.to_completer(finished)
+            raise
         if finished:
             shared.stats.add(outcomes(finished, done))
             shared.let_go(finished)

@@ -187,6 +187,9 @@ class ProcessExecutor(Executor):
             self.shared.stats.count("timed_out")
             self._drop(child, kill=True)
             return False, timeout_message(seconds), None
+        if answer[3] and self.pool.stopping:  # its SIGTERM's SystemExit: the worker hands the job back
+            self._drop(child)
+            return True, None, None
         why = "its handler raised " + (answer[0] or "") if answer[3] else self.pool.spent(child)
         if why is not None:
             logger.info("retiring child process %d: %s", child.pid, why)
