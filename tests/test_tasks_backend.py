@@ -415,3 +415,39 @@ def test_a_bad_task_timeout_is_invalid_task_naming_the_value(value, words):
     assert Job.objects.count() == 0
     ok = tasks.record.with_options(timeout=2).enqueue("y")
     assert Job.objects.get(id=ok.id).timeout == 2.0
+
+
+def test_arguments_json_cannot_carry_raise_djangos_exception_types_too():
+    """InvalidTask, and the TypeError / ValueError Django's own backends raise for them."""
+    with pytest.raises(TypeError, match="Unsupported type") as info:
+        tasks.record.enqueue(dt.datetime(2026, 1, 1))
+    assert isinstance(info.value, InvalidTask)
+    with pytest.raises(ValueError) as info:
+        tasks.record.enqueue(b"\xff")
+    assert isinstance(info.value, InvalidTask)
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize("priority", [1.0, True])
+def test_a_whole_number_priority_of_another_type_is_stored_as_one(priority):
+    result = tasks.record.using(priority=priority).enqueue("x")
+    assert Job.objects.get(id=result.id).priority == 1
+    assert backend().get_result(result.id).task.priority == 1
+
+
+def test_a_task_its_module_path_does_not_name_is_refused_at_enqueue():
+    """The worker and get_result find a task by its module path: one that names a plain function
+    (or another task) would be enqueued and then never run."""
+    from tests.testapp.tasks import task
+
+    made_late = task(tasks.plain)
+    with pytest.raises(InvalidTask, match="not a task"):
+        made_late.enqueue("x")
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize("name", ["a,b", " x", "q" * 65])
+def test_a_queue_name_the_queue_refuses_is_invalid_when_the_task_is_made(name):
+    with override_settings(TASKS={"default": {**_settings(), "QUEUES": []}}):  # any queue, for Django
+        with pytest.raises(InvalidTask):
+            tasks.record.using(queue_name=name)

@@ -112,6 +112,12 @@ class RwsJobsBackend(BaseTaskBackend):
         if run_after is not None and not isinstance(run_after, dt.datetime):
             raise InvalidTask(f"run_after must be an aware datetime, not {type(run_after).__name__}.")
         super().validate_task(task)
+        from ..validation import queue_name
+
+        try:  # the queue's own rules (64 characters, no comma...), when the task is made, as Django's
+            queue_name(task.queue_name)
+        except (TypeError, ValueError) as exc:
+            raise InvalidTask(str(exc)) from None
         if isinstance(task, RwsTask) and task.max_attempts is not None:
             if isinstance(task.max_attempts, bool) or not isinstance(task.max_attempts, int):
                 raise InvalidTask(f"max_attempts must be a whole number, not {task.max_attempts!r}.")
@@ -158,6 +164,7 @@ class RwsJobsBackend(BaseTaskBackend):
         from ..api import prepare
 
         self.validate_task(task)
+        _check_importable(task)
         args, kwargs = arguments(args, kwargs)
         now = time.time()
         unique = unique_key(task, args, kwargs) if getattr(task, "unique", False) else None
@@ -166,7 +173,7 @@ class RwsJobsBackend(BaseTaskBackend):
                 TASK_PREFIX + task.module_path,
                 history.payload(args, kwargs, self.alias, task.run_after, now),
                 queue=task.queue_name,
-                priority=task.priority,
+                priority=whole(task.priority),
                 run_at=task.run_after,
                 unique=unique,
                 max_retries=self.max_attempts(task) - 1,
@@ -239,17 +246,50 @@ class RwsJobsBackend(BaseTaskBackend):
         return found
 
 
+def _check_importable(task: Task) -> None:
+    """InvalidTask unless the task's module path names this task, as the worker and get_result
+    will look it up (a Task built by hand, or ``other = task(f)`` beside ``@task def f``, name
+    something else). Asked at enqueue: when ``@task`` runs, the name is not bound yet."""
+    from .results import load_task
+
+    try:
+        found = load_task(task.module_path)
+    except (ImportError, TypeError) as exc:
+        raise InvalidTask(f"{exc}: a worker could not find this task") from None
+    if found.func is not task.func:
+        raise InvalidTask(f"{task.module_path!r} names another task: a worker would run that one")
+
+
+class InvalidTaskArguments(InvalidTask, TypeError):
+    """Arguments JSON cannot carry: InvalidTask, and the TypeError Django's own backends raise."""
+
+
+class InvalidTaskArgumentValue(InvalidTask, ValueError):
+    """An argument value JSON cannot carry (NaN, bytes that are not UTF-8): InvalidTask, and the
+    ValueError Django's own backends raise."""
+
+
 def arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
     """``args`` and ``kwargs`` as the worker will see them, or InvalidTask when JSON would change
     them (a set, an object, NaN, a key that is not a string)."""
     try:
         args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
         text = history.dumps([args, kwargs])
-    except (TypeError, ValueError) as exc:
-        raise InvalidTask(f"Task arguments must be JSON serializable: {exc}") from None
+    except TypeError as exc:
+        raise InvalidTaskArguments(f"Task arguments must be JSON serializable: {exc}") from None
+    except ValueError as exc:
+        raise InvalidTaskArgumentValue(f"Task arguments must be JSON serializable: {exc}") from None
     if json.loads(text) != [args, kwargs]:
         raise InvalidTask("Task arguments must survive a JSON round trip unchanged (keys must be strings).")
     return args, kwargs
+
+
+def whole(priority: Any) -> Any:
+    """A priority Django's range check accepts as it is stored: 1.0 and True as 1; anything else
+    unchanged, for enqueue's own check to name."""
+    if isinstance(priority, bool) or (isinstance(priority, float) and priority.is_integer()):
+        return int(priority)
+    return priority
 
 
 def unique_key(task: Task, args: list[Any], kwargs: dict[str, Any]) -> str:
