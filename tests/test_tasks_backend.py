@@ -451,3 +451,15 @@ def test_a_queue_name_the_queue_refuses_is_invalid_when_the_task_is_made(name):
     with override_settings(TASKS={"default": {**_settings(), "QUEUES": []}}):  # any queue, for Django
         with pytest.raises(InvalidTask):
             tasks.record.using(queue_name=name)
+
+
+def test_with_options_changes_are_in_the_task_get_result_gives():
+    """enqueue's result equals what get_result returns, also for a task whose own options
+    with_options changed (the declared task has none of them)."""
+    changed = tasks.unique.with_options(max_attempts=2, timeout=5)
+    result = changed.enqueue("k")
+    again = backend().get_result(result.id)
+    assert (again.task.max_attempts, again.task.timeout, again.task.unique) == (2, 5, True)
+    assert again == result
+    plain = backend().get_result(tasks.unique.enqueue("other").id)
+    assert (plain.task.max_attempts, plain.task.timeout) == (None, None)

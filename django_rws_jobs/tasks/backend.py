@@ -164,14 +164,14 @@ class RwsJobsBackend(BaseTaskBackend):
         from ..api import prepare
 
         self.validate_task(task)
-        _check_importable(task)
+        declared = _check_importable(task)
         args, kwargs = arguments(args, kwargs)
         now = time.time()
         unique = unique_key(task, args, kwargs) if getattr(task, "unique", False) else None
         try:  # what the queue refuses besides Django's checks (a queue name over 64 characters)
             return prepare(
                 TASK_PREFIX + task.module_path,
-                history.payload(args, kwargs, self.alias, task.run_after, now),
+                history.payload(args, kwargs, self.alias, task.run_after, now, _options(task, declared)),
                 queue=task.queue_name,
                 priority=whole(task.priority),
                 run_at=task.run_after,
@@ -246,10 +246,11 @@ class RwsJobsBackend(BaseTaskBackend):
         return found
 
 
-def _check_importable(task: Task) -> None:
-    """InvalidTask unless the task's module path names this task, as the worker and get_result
-    will look it up (a Task built by hand, or ``other = task(f)`` beside ``@task def f``, name
-    something else). Asked at enqueue: when ``@task`` runs, the name is not bound yet."""
+def _check_importable(task: Task) -> Task:
+    """The task as declared, which the worker and get_result find by the module path; InvalidTask
+    unless that path names this task's function (a Task built by hand, or ``other = task(f)``
+    beside ``@task def f``, name something else). Asked at enqueue: when ``@task`` runs, the
+    name is not bound yet."""
     from .results import load_task
 
     try:
@@ -258,6 +259,17 @@ def _check_importable(task: Task) -> None:
         raise InvalidTask(f"{exc}: a worker could not find this task") from None
     if found.func is not task.func:
         raise InvalidTask(f"{task.module_path!r} names another task: a worker would run that one")
+    return found
+
+
+def _options(task: Task, declared: Task) -> dict[str, Any] | None:
+    """The task's own options that differ from its declaration's (None when none do)."""
+    if not isinstance(task, RwsTask):
+        return None
+    from .results import OPTIONS
+
+    changed = {k: getattr(task, k) for k in OPTIONS if getattr(task, k) != getattr(declared, k, None)}
+    return changed or None
 
 
 class InvalidTaskArguments(InvalidTask, TypeError):

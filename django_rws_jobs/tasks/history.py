@@ -1,6 +1,7 @@
 """The JSON a task row carries: its payload (what to call) and its history (what happened).
 
-``rws_jobs.payload`` of a task row: ``{"args", "kwargs", "backend", "run_after", "enqueued_at"}``.
+``rws_jobs.payload`` of a task row: ``{"args", "kwargs", "backend", "run_after", "enqueued_at"}``,
+and ``"options"`` where ``with_options`` changed the task's own.
 ``rws_jobs.task_history`` and ``rws_task_results.history``: ``{"errors", "worker_ids",
 "started_at", "last_attempted_at", "finished_at"}``, times as unix seconds with their fraction.
 Only outcome writes change the history (a claim does not), so what it says survives retries; it
@@ -32,16 +33,26 @@ def dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
-def payload(args: Any, kwargs: Any, backend: str, run_after: dt.datetime | None, enqueued_at: float) -> str:
-    return dumps(
-        {
-            "args": args,
-            "kwargs": kwargs,
-            "backend": backend,
-            "run_after": None if run_after is None else run_after.isoformat(),
-            "enqueued_at": enqueued_at,
-        }
-    )
+def payload(
+    args: Any,
+    kwargs: Any,
+    backend: str,
+    run_after: dt.datetime | None,
+    enqueued_at: float,
+    options: dict[str, Any] | None = None,
+) -> str:
+    """``options``: the task's own options that differ from its declaration's (RwsTask's
+    ``with_options``), so that get_result gives the task as enqueued."""
+    value = {
+        "args": args,
+        "kwargs": kwargs,
+        "backend": backend,
+        "run_after": None if run_after is None else run_after.isoformat(),
+        "enqueued_at": enqueued_at,
+    }
+    if options:
+        value["options"] = options
+    return dumps(value)
 
 
 def load(text: str | None) -> dict[str, Any]:

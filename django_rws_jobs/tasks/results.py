@@ -11,7 +11,10 @@ from django.db import connections
 from django.utils.module_loading import import_string
 
 from . import history
-from .compat import Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
+from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
+
+#: RwsTask's own options a payload may carry (tasks/backend.py _options).
+OPTIONS = ("max_attempts", "unique", "timeout")
 
 #: rws_jobs' status -> the task's.
 STATUSES = {
@@ -94,6 +97,13 @@ def _as_enqueued(task: Task, payload: dict[str, Any], queue: str, priority: Any)
     """``task`` as it was enqueued, with .using()'s changes (replace validates the task again)."""
     run_after = payload.get("run_after")
     backend = payload.get("backend", task.backend)
+    options = payload.get("options")
+    if isinstance(options, dict) and options:  # with_options' changes (tasks/backend.py _options)
+        known = {k: v for k, v in options.items() if k in OPTIONS and hasattr(task, k)}
+        try:
+            task = dataclasses.replace(task, **known)
+        except (TypeError, ValueError, InvalidTask):  # a value refused now: the task as declared
+            pass
     if (
         run_after is not None
         or task.queue_name != queue
