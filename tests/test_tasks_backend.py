@@ -463,3 +463,18 @@ def test_with_options_changes_are_in_the_task_get_result_gives():
     assert again == result
     plain = backend().get_result(tasks.unique.enqueue("other").id)
     assert (plain.task.max_attempts, plain.task.timeout) == (None, None)
+
+
+def test_djangos_log_of_a_failed_task_has_its_traceback(caplog):
+    """task_finished of a FAILED task is sent while its exception is handled, as ImmediateBackend
+    sends it, so Django's own receiver logs it with exc_info."""
+    import logging
+
+    framework = "django.tasks" if tasks_api.Task.__module__.startswith("django.") else "django_tasks"
+    result = tasks.once.enqueue("boom")
+    with caplog.at_level(logging.INFO, logger=framework):
+        assert rws.tick() is True
+    failed = [r for r in caplog.records if r.name == framework and r.levelno == logging.ERROR]
+    assert len(failed) == 1 and result.id in failed[0].getMessage()
+    assert failed[0].exc_info is not None and failed[0].exc_info[0] is ValueError
+    assert "boom" in caplog.text

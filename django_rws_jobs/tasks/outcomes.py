@@ -44,6 +44,12 @@ class TaskOutcome:
     finished: float
     value: str | None = None
     error: dict[str, str] | None = None
+    exc: BaseException | None = None  # what the task raised, for task_finished's receivers' exc_info
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without ``exc`` (a process pool's child sends outcomes to the worker): not
+        every exception can be rebuilt from its pickle."""
+        return {**self.__dict__, "exc": None}
 
 
 def error_of(exc: BaseException) -> dict[str, str]:
@@ -240,7 +246,15 @@ def finished(job: Claimed, after: dict[str, Any], outcome: TaskOutcome) -> None:
         result = _read_back(job, after, outcome)
         if result is None:
             return
-    send_robustly(compat.task_finished, result)
+    if outcome.exc is None:
+        send_robustly(compat.task_finished, result)
+        return
+    # Sent while handling what the task raised, as ImmediateBackend sends it: Django's own
+    # receiver logs the FAILED task with its traceback (sys.exc_info()).
+    try:
+        raise outcome.exc
+    except BaseException:  # noqa: BLE001
+        send_robustly(compat.task_finished, result)
 
 
 def _read_back(job: Claimed, after: dict[str, Any], outcome: TaskOutcome) -> Any:

@@ -85,7 +85,7 @@ def run_task(job: Claimed) -> TaskOutcome:
         logger.error(
             "task %s (%s) failed on attempt %d", job.id, task.module_path, result.attempts, exc_info=True
         )
-        outcome = TaskOutcome(result, started, time.time(), error=error_of(exc))
+        outcome = TaskOutcome(result, started, time.time(), error=error_of(exc), exc=exc)
         object.__setattr__(result, "status", compat.TaskResultStatus.FAILED)
         return outcome
     object.__setattr__(result, "_return_value", history.load_value(text))
