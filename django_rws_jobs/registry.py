@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from asgiref.sync import iscoroutinefunction
 
 from .validation import INT32_MAX, INT64_MAX, INT64_MIN, integer, only_known, queue_name, show, text, timeout
 
@@ -37,6 +40,13 @@ class JobSpec:
     job_type: str
     func: Handler
     options: dict[str, Any] = field(default_factory=dict)
+    #: ``func`` is an ``async def`` function: the worker runs it on an event loop of its own
+    #: (runner.call_handler). Found once here, not at every job.
+    is_async: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        is_async = iscoroutinefunction(self.func) and not inspect.isasyncgenfunction(self.func)
+        object.__setattr__(self, "is_async", is_async)
 
 
 class Registry:

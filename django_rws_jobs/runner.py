@@ -10,7 +10,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from asgiref.sync import async_to_sync, iscoroutinefunction
+from asgiref.sync import async_to_sync
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections, transaction
 
@@ -77,7 +77,7 @@ def describe(exc: BaseException) -> str:
     return storable(f"{type(exc).__name__}: {message}", ERROR_MAX)
 
 
-def call_handler(func: Callable[[str], Any], payload: str) -> None:
+def call_handler(func: Callable[[str], Any], payload: str, is_async: bool) -> None:
     """Run a handler to completion in the calling thread.
 
     An ``async def`` handler runs on an event loop of its own (``async_to_sync``, as Django runs
@@ -85,10 +85,12 @@ def call_handler(func: Callable[[str], Any], payload: str) -> None:
     iterated to run its body (a coroutine, a generator) fails the job: returning it is not
     running it. Pinned by tests/test_faults.py::test_async_handlers_run_and_generators_fail.
     """
-    if iscoroutinefunction(func) and not inspect.isasyncgenfunction(func):
+    if is_async:  # JobSpec.is_async
         async_to_sync(func)(payload)
         return
     result = func(payload)
+    if result is None:
+        return
     if inspect.isawaitable(result) or inspect.isgenerator(result) or inspect.isasyncgen(result):
         close = getattr(result, "close", None)
         if close is not None and not inspect.isasyncgen(result):
@@ -116,7 +118,7 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
             return rows.run(job), None
         return f"no handler registered for job_type '{job.job_type}'", None
     try:
-        call_handler(spec.func, job.payload)
+        call_handler(spec.func, job.payload, spec.is_async)
     except Exception as exc:
         tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
         logger.error(
