@@ -478,3 +478,24 @@ def test_djangos_log_of_a_failed_task_has_its_traceback(caplog):
     assert len(failed) == 1 and result.id in failed[0].getMessage()
     assert failed[0].exc_info is not None and failed[0].exc_info[0] is ValueError
     assert "boom" in caplog.text
+
+
+def test_get_result_finds_only_its_own_backends_tasks():
+    """Two backends on one database: each finds the tasks enqueued through it, waiting or
+    finished, and not the other's, as django-tasks-db's backend filters on its name."""
+    both = {"default": _settings(), "other": {**_settings(), "QUEUES": []}}
+    with override_settings(TASKS=both):
+        mine = tasks.record.enqueue("mine")
+        theirs = tasks.record.using(backend="other").enqueue("theirs")
+        assert theirs.backend == "other"
+        for _ in range(2):  # waiting, then finished (the result row)
+            assert backend().get_result(mine.id).id == mine.id
+            assert tasks_api.task_backends["other"].get_result(theirs.id).backend == "other"
+            with pytest.raises(TaskResultDoesNotExist):
+                backend().get_result(theirs.id)
+            with pytest.raises(TaskResultDoesNotExist):
+                tasks_api.task_backends["other"].get_result(mine.id)
+            make_due()
+            while rws.tick():
+                pass
+        assert TaskResultRecord.objects.count() == 2

@@ -188,7 +188,7 @@ class RwsJobsBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> TaskResult:
         from .results import fetch
 
-        return fetch(self.database, result_id, TASK_PREFIX)
+        return fetch(self.database, result_id, TASK_PREFIX, self.alias)
 
     # -- checks ----------------------------------------------------------------------------------
 

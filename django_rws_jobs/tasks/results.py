@@ -46,9 +46,11 @@ def load_task(path: str) -> Task:
     return found
 
 
-def fetch(alias: str, result_id: Any, prefix: str) -> TaskResult:
-    """The TaskResult of ``result_id``; TaskResultDoesNotExist for an unknown or malformed id, or
-    a job row that is not a task's."""
+def fetch(alias: str, result_id: Any, prefix: str, backend: str) -> TaskResult:
+    """The TaskResult of ``result_id`` enqueued through the backend named ``backend``;
+    TaskResultDoesNotExist for an unknown or malformed id, a job row that is not a task's, or a
+    task of another backend on the same database, as django-tasks-db's backend filters on its
+    name (tests/test_tasks_backend.py::test_get_result_finds_only_its_own_backends_tasks)."""
     if not isinstance(result_id, str) or not 0 < len(result_id) <= 64 or "\x00" in result_id:
         raise TaskResultDoesNotExist(result_id)
     with connections[alias].cursor() as c:
@@ -56,7 +58,10 @@ def fetch(alias: str, result_id: Any, prefix: str) -> TaskResult:
         rows = [r for r in c.fetchall() if r[0] == result_id]  # exact, whatever the collation
     if not rows or (rows[0][3] != "successful" and not rows[0][1].startswith(prefix)):
         raise TaskResultDoesNotExist(result_id)
-    return build(rows[0], prefix)
+    result = build(rows[0], prefix)
+    if result.backend != backend:
+        raise TaskResultDoesNotExist(result_id)
+    return result
 
 
 def build(row: tuple[Any, ...], prefix: str) -> TaskResult:
