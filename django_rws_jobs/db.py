@@ -79,8 +79,14 @@ def atomic(
 
 #: MySQL/MariaDB error numbers that retrying cannot fix: access denied (1044, 1045, 1142, 1143,
 #: 1227), no database (1046, 1049), an unknown table or column (1054, 1146), a syntax error (1064,
-#: 1149). Most reach Python as OperationalError, like a lost connection.
-MYSQL_PERMANENT = frozenset({1044, 1045, 1046, 1049, 1054, 1064, 1142, 1143, 1146, 1149, 1227})
+#: 1149); a value the column refuses: a string its character set cannot hold (1366, 1300),
+#: truncated or wrong values (1265, 1292), collations that do not mix (1267, 1270, 1271), and a
+#: trigger's SIGNAL (1644). Most reach Python (mysqlclient) as OperationalError, like a lost
+#: connection (tests/test_faults.py::test_an_outcome_the_database_refuses_is_recorded_plainly).
+MYSQL_PERMANENT = frozenset(
+    {1044, 1045, 1046, 1049, 1054, 1064, 1142, 1143, 1146, 1149, 1227}
+    | {1265, 1267, 1270, 1271, 1292, 1300, 1366, 1644}
+)
 #: SQLite result codes (the low byte) that retrying cannot fix: SQLITE_ERROR (a missing table or
 #: column, a syntax error), SQLITE_READONLY, SQLITE_CORRUPT, SQLITE_NOTADB, SQLITE_AUTH.
 SQLITE_PERMANENT = frozenset({1, 8, 11, 23, 26})
