@@ -331,6 +331,32 @@ def test_a_bad_name_is_a_check_error():
     ]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_name_no_database_stores_is_a_check_error_and_the_others_run():
+    """A NUL (PostgreSQL refuses it) or a lone surrogate (no driver can send it) in a name would
+    spoil the one read of every schedule's row: the check names it, and the others still run."""
+    bad = {"nul\x00": MINUTELY, "surrogate\udcff": MINUTELY}
+    assert _check(**bad) == [
+        (
+            "rws_jobs.E104",
+            "schedule 'nul\\x00': the name 'nul\\x00' contains a NUL character, which PostgreSQL "
+            "cannot store (declared in RWS_JOBS['SCHEDULES'])",
+        ),
+        (
+            "rws_jobs.E104",
+            "schedule 'surrogate\\udcff': the name 'surrogate\\udcff' is not valid Unicode text: "
+            "surrogates not allowed (declared in RWS_JOBS['SCHEDULES'])",
+        ),
+    ]
+    with with_schedules(good=MINUTELY, **bad):
+        assert tick_schedules(now=ts("2024-01-01 00:00:30")) == 0
+        assert tick_schedules(now=ts("2024-01-01 00:01:00")) == 1
+    assert list(JobSchedule.objects.values_list("name", flat=True)) == ["good"]
+    # Past the check (a Schedule made by hand), the failed read is logged, not raised.
+    made = Schedule("surrogate\udcff", "0 * * * * *", "test.record", "m")
+    assert tick_schedules(now=ts("2024-01-01 00:02:00"), schedules=[made]) == 0
+
+
 def test_duplicate_names_are_check_errors_and_neither_runs(temp_jobs):
     temp_jobs("tests.sched.dup1", schedule={"name": "m", "cron": "0 0 3 * * *"})
     assert _check(m=MINUTELY) == [
