@@ -255,7 +255,14 @@ def record_or_fallback(
 
 
 def run_claimed(store: Store, job: Claimed) -> str:
-    error, tb = execute(job)
+    """Run a job ``tick()`` claimed and record its outcome. A BaseException that is not an
+    Exception (SystemExit, KeyboardInterrupt) is recorded as the job's failure, as the worker
+    records it, then raised (tests/test_faults.py::test_tick_records_a_system_exit_then_raises)."""
+    try:
+        error, tb = execute(job)
+    except BaseException as exc:
+        record_or_fallback(lambda fn: fn(store), job, describe(exc), traceback.format_exc())
+        raise
     return record_or_fallback(lambda fn: fn(store), job, error, tb)
 
 

@@ -263,3 +263,14 @@ def test_error_kinds():
     finally:
         holder.close()
         waiter.close()
+
+
+def test_tick_records_a_system_exit_then_raises():
+    """tick() runs a handler in the caller's thread: a SystemExit (or a Ctrl-C) from it is the
+    job's failure, recorded before it goes on up, not a job left running until its lease ends."""
+    job_id = rws.enqueue("test.system_exit", "x", max_retries=1)
+    with pytest.raises(SystemExit):
+        rws.tick()
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.attempts, job.last_error) == ("pending", 1, "SystemExit: 3")
+    assert job.locked_by is None and "raise SystemExit(3)" in job.traceback
