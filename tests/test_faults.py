@@ -274,3 +274,31 @@ def test_tick_records_a_system_exit_then_raises():
     job = Job.objects.get(id=job_id)
     assert (job.status, job.attempts, job.last_error) == ("pending", 1, "SystemExit: 3")
     assert job.locked_by is None and "raise SystemExit(3)" in job.traceback
+
+
+@pytest.mark.skipif(VENDOR != "sqlite", reason="PostgreSQL and MariaDB refuse text that is not UTF-8")
+def test_a_row_that_is_not_utf8_does_not_strand_the_others_on_sqlite(runs):
+    """Another program may write bytes that are not UTF-8 into a TEXT column of SQLite. The
+    worker's claim used to fail on reading such a row after it had taken the rows with it, which
+    then stayed running; recovery failed on them the same way, at every start."""
+    now = int(time.time())
+    good = [rws.enqueue("test.record", str(i)) for i in range(4)]
+    with connection.cursor() as c:
+        for job_id, job_type, payload in [
+            ("bad-payload", "'test.fail'", "CAST(x'ff41' AS TEXT)"),
+            ("bad-type", "CAST(x'ff43' AS TEXT)", "''"),
+        ]:
+            c.execute(
+                "INSERT INTO rws_jobs (id, job_type, payload, next_run_at, created_at, max_retries) "
+                f"VALUES ('{job_id}', {job_type}, {payload}, {now}, {now}, 0)"
+            )
+    code, out = burst("--workers", "4")
+    assert code == 0, out
+    assert sorted(p for _, p in runs()) == ["0", "1", "2", "3"]
+    assert not Job.objects.filter(id__in=good).exists()
+    with connection.cursor() as c:
+        c.execute("SELECT id, status, attempts, last_error FROM rws_jobs ORDER BY id")
+        assert c.fetchall() == [
+            ("bad-payload", "failed", 1, "ValueError: boom \\udcffA"),
+            ("bad-type", "failed", 1, "no handler registered for job_type '\\udcffC'"),
+        ]

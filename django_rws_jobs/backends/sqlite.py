@@ -66,6 +66,8 @@ class SQLiteBackend(BaseBackend):
     def configure_session(self) -> None:
         if sets_up_sqlite(self.conn):
             configure_sqlite(self.conn)
+        if getattr(self.conn, "rws_private", False):
+            self.conn.connection.text_factory = read_text
 
     def begin_sql(self, write: bool) -> str:
         return "BEGIN IMMEDIATE" if write else "BEGIN"
@@ -119,6 +121,14 @@ class SQLiteBackend(BaseBackend):
                 )
             ]
         return []
+
+
+def read_text(data: bytes) -> str:
+    """A TEXT value as str on the worker's own connections: bytes that are not UTF-8 (another
+    program wrote them) come back as surrogate escapes instead of failing the statement, which
+    would leave the other rows of the same claim taken and never run
+    (tests/test_faults.py::test_a_row_that_is_not_utf8_does_not_strand_the_others_on_sqlite)."""
+    return data.decode("utf-8", "surrogateescape")
 
 
 def sets_up_sqlite(connection: BaseDatabaseWrapper) -> bool:
