@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.checks import Error, register
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 
 from . import cron
 from .checks import TAG
@@ -276,6 +276,8 @@ def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, 
         logger.info("schedule %r first seen; next due at %d", schedule.name, nxt)
         return 0
     due, stored = row
+    if isinstance(due, bool) or not isinstance(due, int):
+        return _repair(schedule.name, due, stored, nxt, expr.text, alias)
     if due > now:
         if stored != expr.text:
             # A changed expression, or a rust-web-server writer's row (no expression): the next due time is
@@ -301,6 +303,24 @@ def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, 
             job_id = enqueue(schedule.job_type, schedule.payload, using=alias, **schedule.options)
     logger.info("schedule %r due at %d enqueued job %s; next due at %d", schedule.name, due, job_id, nxt)
     return 1
+
+
+def _repair(name: str, due: Any, stored: str | None, nxt: int, text: str, alias: str) -> int:
+    """A row whose due time is not an integer (SQLite keeps the REAL or TEXT another program
+    wrote): give it the next due time after now, compared with the value as it is stored, which
+    the model's integer field would round (tests/test_schedules.py::
+    test_a_due_time_that_is_not_an_integer_is_replaced_not_skipped_for_ever). Enqueues nothing."""
+    with transaction.atomic(using=alias), connections[alias].cursor() as c:
+        c.execute(
+            "UPDATE rws_job_schedules SET next_run_at = %s, cron = %s WHERE name = %s AND next_run_at = %s",
+            [nxt, text, name, due],
+        )
+        changed = c.rowcount
+    if changed:
+        logger.warning(
+            "schedule %r had the due time %r, not an integer (was %r); next due at %d", name, due, stored, nxt
+        )
+    return 0
 
 
 def undeclared_rows(using: str | None = None) -> list[JobSchedule]:

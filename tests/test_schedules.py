@@ -177,6 +177,25 @@ def test_one_failing_schedule_does_not_stop_the_others_and_loses_nothing(caplog)
     assert "schedule 'a-bad' failed" in caplog.text and "payload must be a str" in caplog.text
 
 
+def test_a_due_time_that_is_not_an_integer_is_replaced_not_skipped_for_ever():
+    """Another program's row may hold a REAL or TEXT due time on SQLite. The compare-and-set on
+    the due time read it rounded to an integer and never matched, so the schedule never fired; a
+    TEXT one failed every second. Such a row gets the next due time after now."""
+    if connection.vendor != "sqlite":
+        pytest.skip("only SQLite keeps a value that is not an integer in a BIGINT column")
+    names = {"real-past": "1704067000.5", "real-huge": "1e300", "text": "'abc'"}
+    with connection.cursor() as c:
+        for name, value in names.items():
+            c.execute(f"INSERT INTO rws_job_schedules (name, next_run_at) VALUES ('{name}', {value})")
+    schedules = [Schedule(name, "0 * * * * *", "test.record", name) for name in names]
+    assert tick_schedules(now=ts("2024-01-01 00:00:30"), schedules=schedules) == 0
+    assert {name: row(name) for name in names} == dict.fromkeys(
+        names, (ts("2024-01-01 00:01:00"), "0 * * * * *")
+    )
+    assert tick_schedules(now=ts("2024-01-01 00:01:00"), schedules=schedules) == 3
+    assert sorted(payload for _, payload, *_ in jobs()) == sorted(names)
+
+
 def test_inside_a_callers_transaction_a_database_error_does_not_spoil_the_others():
     due = ts("2024-01-01 00:01:00")
     JobSchedule.objects.create(name="b-good", next_run_at=due, cron="0 * * * * *")
