@@ -15,8 +15,8 @@ from .exceptions import JobTimeout
 from .registry import job, register
 
 if TYPE_CHECKING:
+    from .declared_schedules import Schedule
     from .models import Job
-    from .schedules import Schedule
 
 __all__ = [
     "job",

@@ -9,7 +9,7 @@ class RwsJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, schedules  # noqa: F401  (register the system checks)
+        from . import checks, declared_schedules  # noqa: F401  (register the system checks)
         from .db import configure_connection
         from .registry import TASK_PREFIX, autodiscover, registry
         from .tasks.rows import TaskRows

@@ -14,8 +14,8 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from .. import cron, humanize
+from ..declared_schedules import Schedule, ScheduleError, declared
 from ..models import JobSchedule
-from ..schedules import Schedule, ScheduleError, declared
 from .common import QueueDatabaseAdmin, links, now, pre, time_cell
 
 

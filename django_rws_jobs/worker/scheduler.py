@@ -9,8 +9,9 @@ import time
 from django.db import Error as DatabaseError
 from django.db import connections
 
+from ..declared_schedules import Schedule, valid_schedules
 from ..reconnect import Connection, Retry
-from ..schedules import Schedule, tick_schedules, valid_schedules
+from ..schedules import tick_schedules
 
 logger = logging.getLogger("django_rws_jobs")
 

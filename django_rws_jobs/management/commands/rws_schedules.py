@@ -10,8 +10,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rws_jobs import humanize
 from django_rws_jobs.db import queue_alias
+from django_rws_jobs.declared_schedules import declared
 from django_rws_jobs.models import JobSchedule
-from django_rws_jobs.schedules import declared
 
 
 def _when(t: int, now: int) -> str:
