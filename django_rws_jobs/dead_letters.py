@@ -55,7 +55,19 @@ def delete(job_id: str, *, using: str | None = None) -> bool:
     """Delete a job that is not running. False when there is no such job."""
     job_id = _job_id(job_id)
     alias = queue_alias(using)
-    return _by_id(alias, job_id).exclude(status=Status.RUNNING).delete()[0] > 0
+    return delete_where(_by_id(alias, job_id).exclude(status=Status.RUNNING)) > 0
+
+
+def delete_where(jobs: QuerySet[Job]) -> int:
+    """Delete ``jobs`` in one DELETE that keeps their conditions; return how many.
+
+    ``QuerySet.delete()`` reads the rows first and deletes them by primary key alone once any
+    delete signal receiver is connected (any app's, with no sender), so a job a worker claimed
+    in between would be deleted while it runs. Django's delete signals are not sent for jobs, as
+    the worker's own deletes never send them
+    (tests/test_dead_letters.py::test_a_delete_keeps_its_status_condition_with_delete_receivers).
+    """
+    return jobs._raw_delete(jobs.db)
 
 
 def _by_id(alias: str, job_id: str) -> QuerySet[Job]:

@@ -71,3 +71,33 @@ def test_delete_removes_jobs_that_are_not_running():
     assert rws.delete(r) is False
     assert rws.delete("no-such-id") is False
     assert list(Job.objects.values_list("id", flat=True)) == [r]
+
+
+def test_a_delete_keeps_its_status_condition_with_delete_receivers():
+    """With any pre/post_delete receiver connected, QuerySet.delete() reads the rows, then deletes
+    them by primary key alone: a job a worker claims in between was deleted while running. Here
+    the receiver plays that worker. Deletes are one statement that keeps its status condition."""
+    from django.db.models.signals import post_delete, pre_delete
+
+    from django_rws_jobs.dead_letters import delete_where
+    from django_rws_jobs.models import Status
+
+    calls = []
+
+    def claim_in_between(sender, instance, **kwargs):
+        calls.append(instance.pk)
+        Job.objects.filter(pk=instance.pk).update(status="running", locked_by="w#1")
+
+    pre_delete.connect(claim_in_between, dispatch_uid="rws-test-claim")
+    post_delete.connect(claim_in_between, dispatch_uid="rws-test-claim-post")
+    try:
+        pending, dead = make(), make("failed")
+        assert rws.delete(pending) is True
+        assert delete_where(Job.objects.filter(pk=dead, status=Status.FAILED)) == 1
+        running = make("running")
+        assert rws.delete(running) is False
+    finally:
+        pre_delete.disconnect(dispatch_uid="rws-test-claim")
+        post_delete.disconnect(dispatch_uid="rws-test-claim-post")
+    assert calls == []
+    assert list(Job.objects.values_list("id", "status")) == [(running, "running")]

@@ -13,6 +13,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext as _
 
 from ..db import queue_alias
+from ..dead_letters import delete_where
 from ..models import FailedJob, Job, Status
 from .common import links, refuse_nul
 from .dead_actions import DeadLetterActions
@@ -102,7 +103,7 @@ class FailedJobAdmin(DeadLetterActions, JobDisplay):
 
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         # The single-job delete page: like the action, only while the job is still dead.
-        deleted = Job.objects.using(queue_alias()).filter(pk=obj.pk, status=Status.FAILED).delete()[0]
+        deleted = delete_where(Job.objects.using(queue_alias()).filter(pk=obj.pk, status=Status.FAILED))
         request._rws_deleted = deleted
 
     def response_delete(self, request: HttpRequest, obj_display: str, obj_id: Any) -> HttpResponse:

@@ -135,7 +135,7 @@ class DeadLetterActions(DeadLetterReports):
         for batch in batches(ids):
             present = dict(Job.objects.using(alias).filter(pk__in=batch).values_list("pk", "job_type"))
             # status=failed: a job retried since the page was shown is pending now and stays.
-            Job.objects.using(alias).filter(pk__in=present, status=Status.FAILED).delete()
+            dead_letters.delete_where(Job.objects.using(alias).filter(pk__in=present, status=Status.FAILED))
             remaining = set(Job.objects.using(alias).filter(pk__in=present).values_list("pk", flat=True))
             deleted += [pk for pk in batch if pk in present and pk not in remaining]
             left += [pk for pk in batch if pk not in present or pk in remaining]
