@@ -86,6 +86,44 @@ def test_the_prune_command(capsys):
         call_command("rws_prune_task_results", "--older-than", "soon")
 
 
+def test_pruning_keeps_what_any_backend_keeps(capsys):
+    """A result records its queue, not its backend: it goes once it is older than the longest
+    retention of the backends that take its queue, and never while one of them keeps results."""
+    day = 86400
+    now = int(time.time())
+    base = settings.TASKS["default"]
+    for name, queue, age in [
+        ("default-2d", "default", 2 * day),
+        ("archive-2d", "archive", 2 * day),
+        ("other-2d", "other", 2 * day),
+        ("other-40d", "other", 40 * day),
+    ]:
+        result_row(name, now - age, queue=queue)
+    two = {
+        "default": {**base, "OPTIONS": {"RESULTS_RETENTION": 3600}},
+        "archive": {**base, "QUEUES": ["archive"], "OPTIONS": {"RESULTS_RETENTION": None}},
+    }
+    with override_settings(TASKS=two):
+        call_command("rws_prune_task_results", "--queues", "archive", "--dry-run")
+        assert "would delete 0 task result(s)" in capsys.readouterr().out
+        assert prune_expired("default", now) == 1  # default-2d: only "default" takes its queue
+    anywhere = {**base, "QUEUES": [], "OPTIONS": {"RESULTS_RETENTION": 30 * day}}
+    result_row("default-2d", now - 2 * day)
+    with override_settings(TASKS={**two, "anywhere": anywhere}):
+        assert prune_expired("default", now) == 1  # other-40d; "anywhere" keeps default-2d 30 days
+    left = set(TaskResultRecord.objects.values_list("id", flat=True))
+    assert left == {"default-2d", "archive-2d", "other-2d"}
+
+
+def test_the_prune_command_refuses_an_empty_queue_list_and_an_endless_age():
+    result_row("a", 0)
+    with pytest.raises(CommandError, match="must not be empty"):
+        call_command("rws_prune_task_results", "--queues", "")
+    with pytest.raises(CommandError, match=r"too long: the limit is 31536000000 s"):
+        call_command("rws_prune_task_results", "--older-than", "9" * 400)
+    assert TaskResultRecord.objects.filter(id="a").exists()
+
+
 def ts(text):
     return calendar.timegm(dt.datetime.fromisoformat(text).timetuple())
 

@@ -14,12 +14,19 @@ from django_rws_jobs.validation import queue_list
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+#: The longest age --older-than takes: about 1,000 years, past any result's finished_at.
+AGE_MAX = 1000 * 365 * 86400
+
+
 def duration(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``15m``, ``12h`` or ``7d``."""
+    """Seconds from ``90``, ``90s``, ``15m``, ``12h`` or ``7d``, at most AGE_MAX."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
     if match is None:
         raise CommandError(f"--older-than {text!r}: give seconds or a number with s, m, h or d (e.g. 7d)")
-    return float(match.group(1)) * UNITS[match.group(2) or "s"]
+    seconds = float(match.group(1)) * UNITS[match.group(2) or "s"]
+    if not seconds <= AGE_MAX:
+        raise CommandError(f"--older-than {text[:40]!r} is too long: the limit is {AGE_MAX} s (1000 years)")
+    return seconds
 
 
 class Command(BaseCommand):
@@ -37,7 +44,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             alias = queue_alias(options["database"])
-            queues = queue_list(options["queues"].split(",")) if options["queues"] else None
+            queues = queue_list(options["queues"].split(",")) if options["queues"] is not None else None
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from None
         dry_run = options["dry_run"]
@@ -48,5 +55,9 @@ class Command(BaseCommand):
         kept = policies(alias)
         if not kept:
             raise CommandError("no task backend keeps its results for a limited time here: give --older-than")
-        total = sum(prune(alias, age, queues=queues or q, dry_run=dry_run) for age, q in kept)
+        rules = [narrowed for rule in kept if (narrowed := rule.within(queues)) is not None]
+        total = sum(
+            prune(alias, rule.retention, queues=rule.queues, exclude=rule.exclude, dry_run=dry_run)
+            for rule in rules
+        )
         self.stdout.write(describe(total, dry_run, " past their backend's RESULTS_RETENTION"))
