@@ -30,6 +30,8 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
         if job is None:
             return False
         digest = unique_hash(job.job_type, job.unique_key) if job.unique_key is not None else None
+        if digest is not None:
+            _free_failed_holders(alias, [digest])
         try:
             with transaction.atomic(using=alias):
                 changed = (
@@ -56,6 +58,16 @@ def delete(job_id: str, *, using: str | None = None) -> bool:
     job_id = _job_id(job_id)
     alias = queue_alias(using)
     return delete_where(_by_id(alias, job_id).exclude(status=Status.RUNNING)) > 0
+
+
+def _free_failed_holders(alias: str, digests: list[str]) -> None:
+    """Clear the unique key of failed rows that still hold one of ``digests``: a rust-web-server
+    writer leaves it set when a job fails, and only a pending or running job holds its key, as
+    enqueue frees such a row (tests/test_dead_letters.py
+    test_a_failed_job_holding_the_key_does_not_block_a_retry)."""
+    if digests:
+        failed = Job.objects.using(alias).filter(unique_hash__in=digests, status=Status.FAILED)
+        failed.update(unique_hash=None)
 
 
 def delete_where(jobs: QuerySet[Job]) -> int:
@@ -123,6 +135,7 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
             .values_list("id", "job_type", "unique_key")
         )
         digests = {job_id: unique_hash(t, k) for job_id, t, k in rows if k is not None}
+        _free_failed_holders(alias, list(set(digests.values())))
         holders = dict(jobs.filter(unique_hash__in=set(digests.values())).values_list("unique_hash", "id"))
         blocked, taken = [], set()
         for job_id, digest in digests.items():

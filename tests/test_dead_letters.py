@@ -65,6 +65,26 @@ def test_retry_refuses_to_break_a_unique_key():
     assert rws.enqueue("x", unique="k") == dead  # holds its key again
 
 
+@pytest.mark.parametrize("how", ["retry", "retry_many"])
+def test_a_failed_job_holding_the_key_does_not_block_a_retry(how):
+    """A rust-web-server writer leaves unique_hash set on a job that fails; only a pending or
+    running job holds its key, so another dead job of the same key can be retried."""
+    from django_rws_jobs.api import unique_hash
+    from django_rws_jobs.dead_letters import retry_many
+
+    first = make("failed", unique="k")
+    second = make("failed", unique="k")
+    digest = unique_hash("x", "k")
+    Job.objects.filter(id=second).update(unique_hash=digest)  # as the crate leaves it
+    if how == "retry":
+        assert rws.retry(first) is True
+    else:
+        assert retry_many([first]) == ([first], [])
+    rows = dict(Job.objects.values_list("id", "unique_hash"))
+    assert rows == {first: digest, second: None}
+    assert rws.retry(second) is False  # now the retried one holds the key
+
+
 def test_delete_removes_jobs_that_are_not_running():
     p, f, r = make(), make("failed"), make("running")
     assert rws.delete(p) is True and rws.delete(f) is True
