@@ -63,6 +63,8 @@ def adopt(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model]) ->
             schema_editor.add_field(model, field)
         elif field.get_internal_type() == "BigIntegerField" and _is_32_bit(conn, columns[field.column]):
             schema_editor.alter_field(model, _as_32_bit(field, model), field, strict=False)
+        elif field.get_internal_type() == "TextField" and _is_narrow_text(columns[field.column]):
+            schema_editor.alter_field(model, _as_narrow_text(field, model), field, strict=False)
     with conn.cursor() as cursor:
         existing = conn.introspection.get_constraints(cursor, table)
     for index in model._meta.indexes:
@@ -76,6 +78,32 @@ def adopt(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model]) ->
 def _is_32_bit(conn: Any, column: Any) -> bool:
     field_type = conn.introspection.get_field_type(column.type_code, column)
     return field_type in ("IntegerField", "SmallIntegerField")
+
+
+def _is_narrow_text(column: Any) -> bool:
+    """A text column with a size below the model's (MariaDB's TEXT holds 65,535 bytes, the model's
+    LONGTEXT 4 GiB; PostgreSQL's text reports no size): a longer payload would be refused, or cut
+    short where the server is not in strict mode (tests/test_adopt.py)."""
+    size = getattr(column, "internal_size", None)
+    return isinstance(size, int) and 0 < size < NARROW_TEXT_BELOW
+
+
+#: Bytes of MariaDB/MySQL's LONGTEXT, the model's text columns there.
+NARROW_TEXT_BELOW = 2**32 - 1
+
+
+class _NarrowText(models.TextField):
+    def db_type(self, connection: Any) -> str:
+        return "text"
+
+
+def _as_narrow_text(field: models.Field, model: type[models.Model]) -> models.Field:
+    """The same field as the table has it, a TEXT column, for alter_field to widen."""
+    name, _path, args, kwargs = field.deconstruct()
+    old = _NarrowText(*args, **kwargs)
+    old.set_attributes_from_name(name)
+    old.model = model
+    return old
 
 
 def _as_32_bit(field: models.Field, model: type[models.Model]) -> models.Field:

@@ -208,6 +208,10 @@ def test_migrate_adopts_a_table_rust_created_and_keeps_every_row(rust_db, form):
     # Our columns are 64-bit wherever the model says so, whatever Rust created (INTEGER on PostgreSQL
     # is 32 bits): a job due after 2038 fits.
     db.execute("UPDATE rws_jobs SET next_run_at = %s WHERE id = 'r-later'", [2**40])
+    # Text columns hold what the model's do (MariaDB's TEXT, 64 KiB, is widened to LONGTEXT).
+    db.execute("UPDATE rws_jobs SET payload = %s WHERE id = 'r-later'", ["x" * 70_000])
+    assert db.execute("SELECT LENGTH(payload) FROM rws_jobs WHERE id = 'r-later'") == [(70_000,)]
+    db.execute("UPDATE rws_jobs SET payload = 'later' WHERE id = 'r-later'")
     # Nothing is left for the migrations to do, and the Rust crate's start-up still passes.
     assert "No changes detected" in db.manage("makemigrations", "django_rws_jobs", "--check", "--dry-run")
     db.execute(RUST_JOBS)
