@@ -9,7 +9,10 @@ already, brings it to our model instead and keeps every row:
 - PostgreSQL and MySQL/MariaDB: in place. Missing columns are added (with the database defaults
   of the model, so the Rust crate's rows get ``queue = 'default'``, ``priority = 0``), 32-bit
   integer columns that the model keeps in 64 bits are widened, and the missing indexes and
-  constraints are created. Column types that only differ in name (``TEXT`` for ``VARCHAR``) stay.
+  constraints are created. Column types that only differ in name (``TEXT`` for ``VARCHAR``) stay;
+  MariaDB's ``TEXT`` is widened to the model's ``LONGTEXT``.
+- Everywhere: the crate's waiting and running unique jobs get their key's hash, so that
+  ``enqueue`` finds them.
 - SQLite, which cannot add a column with a default or a constraint in place: the table is
   rebuilt in the migration's transaction, as Django's own SQLite migrations do it (renamed,
   created anew, rows copied, old table dropped).
@@ -57,6 +60,7 @@ def adopt(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model]) ->
         )
     if backend_for(conn).features.adopts_by_rebuild:
         _rebuild(schema_editor, model, [f.column for f in fields if f.column in columns])
+        _hash_unique_keys(schema_editor, model)
         return
     for field in fields:
         if field.column not in columns:
@@ -73,6 +77,30 @@ def adopt(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model]) ->
     for constraint in model._meta.constraints:
         if constraint.name not in existing:
             schema_editor.add_constraint(model, constraint)
+    _hash_unique_keys(schema_editor, model)
+
+
+def _hash_unique_keys(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model]) -> None:
+    """Give the crate's waiting and running unique jobs the key hash that our enqueue checks, so
+    that it does not add a second job of the same key: per key, the running job, else the
+    earliest (tests/test_adopt.py::test_migrate_adopts_a_table_rust_created_and_keeps_every_row)."""
+    if "unique_hash" not in {f.column for f in model._meta.local_concrete_fields}:
+        return  # rws_job_schedules
+    from .api import unique_hash
+
+    q = schema_editor.quote_name
+    table = q(model._meta.db_table)
+    with schema_editor.connection.cursor() as c:
+        c.execute(
+            f"SELECT id, job_type, unique_key FROM {table} WHERE unique_key IS NOT NULL AND "
+            "unique_hash IS NULL AND status IN ('pending', 'running') "
+            "ORDER BY CASE WHEN status = 'running' THEN 0 ELSE 1 END, created_at, id"
+        )
+        first: dict[str, str] = {}
+        for job_id, job_type, key in c.fetchall():
+            first.setdefault(unique_hash(job_type, key), job_id)
+        for digest, job_id in first.items():
+            c.execute(f"UPDATE {table} SET unique_hash = %s WHERE id = %s", [digest, job_id])
 
 
 def _is_32_bit(conn: Any, column: Any) -> bool:
