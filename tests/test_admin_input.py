@@ -459,3 +459,46 @@ def test_a_slow_count_gives_way_to_a_capped_one(admin_client, monkeypatch):
         DEAD, {"action": "retry_selected", "index": "0", "select_across": "1", "_selected_action": ["d000"]}
     )
     assert messages_of(response) == ["Retried 600 dead jobs; they are due now."]
+
+
+@pytest.mark.parametrize("action", ["retry_selected", "delete_selected"])
+def test_an_action_that_fails_half_way_logs_what_it_did(admin_client, action):
+    """Each batch of an action commits on its own: when a later one fails, the jobs the batches
+    before it retried or deleted are in the admin log, and the failure is raised."""
+    if connection.vendor != "sqlite":
+        pytest.skip("the failure comes from a SQLite trigger")
+    from django.db import OperationalError
+
+    from django_rws_jobs.admin.dead_reports import BATCH
+
+    first = dead_letters.RETRY_BATCH if action == "retry_selected" else BATCH
+    Job.objects.bulk_create(
+        Job(id=f"d{i:05d}", job_type="test.record", status="failed", next_run_at=0, created_at=0, failed_at=0)
+        for i in range(first + 1)
+    )
+    # The first batch's statement passes, the next one fails (whichever rows each batch holds).
+    if action == "retry_selected":
+        when = f"UPDATE ON rws_jobs WHEN (SELECT COUNT(*) FROM rws_jobs WHERE status = 'pending') >= {first}"
+    else:
+        when = "DELETE ON rws_jobs WHEN (SELECT COUNT(*) FROM rws_jobs) <= 1"
+    with connection.cursor() as c:
+        c.execute(f"CREATE TRIGGER rws_test_fail BEFORE {when} BEGIN SELECT abs(-9223372036854775808); END")
+    form = {"action": action, "index": "0", "select_across": "1", "_selected_action": ["d00000"]}
+    if action == "delete_selected":
+        form.update({"post": "yes", "rws_seen_until": str(now())})
+    try:
+        with pytest.raises(OperationalError, match="integer overflow"):
+            admin_client.post(DEAD, form)
+    finally:
+        with connection.cursor() as c:
+            c.execute("DROP TRIGGER rws_test_fail")
+    print(
+        "DEBUG",
+        Job.objects.count(),
+        list(Job.objects.values_list("status").distinct()),
+        list(LogEntry.objects.values_list("change_message")),
+    )
+    verb = "Retried" if action == "retry_selected" else "Deleted"
+    (entry,) = LogEntry.objects.all()
+    assert entry.change_message == f"{verb} {first} dead jobs from the dead-letter list"
+    assert Job.objects.filter(status="failed").count() == 1

@@ -80,7 +80,17 @@ class DeadLetterActions(DeadLetterReports):
         """Retry the jobs with dead_letters.retry_many (a few statements per batch of ids, whatever their
         number) and report what changed and what was skipped, and why."""
         alias = queue_alias()
-        retried, blocked = dead_letters.retry_many(ids, using=alias)
+        retried: list[str] = []
+        blocked: list[str] = []
+        size = dead_letters.RETRY_BATCH
+        # Each batch commits on its own: what the batches before a failure did is logged and
+        # reported, then the failure is raised
+        # (tests/test_admin_input.py::test_an_action_that_fails_half_way_logs_what_it_did).
+        with self.done_before_failure(request, CHANGE, retried):
+            for start in range(0, len(ids), size):
+                done_now, held = dead_letters.retry_many(ids[start : start + size], using=alias)
+                retried += done_now
+                blocked += held
         done = set(retried + blocked)
         vanished = [job_id for job_id in ids if job_id not in done]
         self.log_jobs(request, CHANGE, retried)
@@ -135,15 +145,17 @@ class DeadLetterActions(DeadLetterReports):
         deleted: list[str] = []
         left: list[str] = []
         job_types: dict[str, str] = {}
-        for batch in batches(ids):
-            present = dict(Job.objects.using(alias).filter(pk__in=batch).values_list("pk", "job_type"))
-            # status=failed: a job retried since the page was shown is pending now and stays.
-            dead_letters.delete_where(Job.objects.using(alias).filter(pk__in=present, status=Status.FAILED))
-            remaining = set(Job.objects.using(alias).filter(pk__in=present).values_list("pk", flat=True))
-            deleted += [pk for pk in batch if pk in present and pk not in remaining]
-            left += [pk for pk in batch if pk not in present or pk in remaining]
-            if len(ids) <= LOG_EACH:
-                job_types.update(present)
+        with self.done_before_failure(request, DELETION, deleted, job_types):
+            for batch in batches(ids):
+                present = dict(Job.objects.using(alias).filter(pk__in=batch).values_list("pk", "job_type"))
+                # status=failed: a job retried since the page was shown is pending now and stays.
+                failed = Job.objects.using(alias).filter(pk__in=present, status=Status.FAILED)
+                dead_letters.delete_where(failed)
+                remaining = set(Job.objects.using(alias).filter(pk__in=present).values_list("pk", flat=True))
+                deleted += [pk for pk in batch if pk in present and pk not in remaining]
+                left += [pk for pk in batch if pk not in present or pk in remaining]
+                if len(ids) <= LOG_EACH:
+                    job_types.update(present)
         self.log_jobs(request, DELETION, deleted, job_types)
         if deleted:
             self.message_user(

@@ -4,6 +4,7 @@ and messages naming the jobs they skipped."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.contrib import admin, messages
@@ -45,6 +46,27 @@ def _user_id(request: HttpRequest) -> Any:
 
 class DeadLetterReports(admin.ModelAdmin):
     """The admin log entries and the messages of the dead-letter list's actions."""
+
+    @contextmanager
+    def done_before_failure(
+        self, request: HttpRequest, flag: int, ids: list[str], job_types: dict[str, str] | None = None
+    ) -> Iterator[None]:
+        """Around an action's batches, each committed on its own: when one fails, log the jobs
+        that the batches before it changed (``ids``, filled in meanwhile) and say so, then let
+        the failure go on."""
+        try:
+            yield
+        except Exception:
+            if ids:
+                self.log_jobs(request, flag, ids, job_types or None)
+                done = _("retried") if flag == CHANGE else _("deleted")
+                self.message_user(
+                    request,
+                    _("An error stopped the action after %(count)d dead jobs were %(done)s.")
+                    % {"count": len(ids), "done": done},
+                    messages.ERROR,
+                )
+            raise
 
     def log_jobs(
         self,
