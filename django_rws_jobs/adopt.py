@@ -66,9 +66,11 @@ def adopt(schema_editor: BaseDatabaseSchemaEditor, model: type[models.Model]) ->
         if field.column not in columns:
             schema_editor.add_field(model, field)
         elif field.get_internal_type() == "BigIntegerField" and _is_32_bit(conn, columns[field.column]):
-            schema_editor.alter_field(model, _as_32_bit(field, model), field, strict=False)
+            schema_editor.alter_field(
+                model, _as_stored(field, model, models.IntegerField), field, strict=False
+            )
         elif field.get_internal_type() == "TextField" and _is_narrow_text(columns[field.column]):
-            schema_editor.alter_field(model, _as_narrow_text(field, model), field, strict=False)
+            schema_editor.alter_field(model, _as_stored(field, model, _NarrowText), field, strict=False)
     with conn.cursor() as cursor:
         existing = conn.introspection.get_constraints(cursor, table)
     for index in model._meta.indexes:
@@ -125,19 +127,11 @@ class _NarrowText(models.TextField):
         return "text"
 
 
-def _as_narrow_text(field: models.Field, model: type[models.Model]) -> models.Field:
-    """The same field as the table has it, a TEXT column, for alter_field to widen."""
+def _as_stored(field: models.Field, model: type[models.Model], kind: type[models.Field]) -> models.Field:
+    """The same field as the table has it, of class ``kind`` (an IntegerField for a 32-bit
+    column, a _NarrowText for MariaDB's TEXT), for alter_field to widen to ``field``."""
     name, _path, args, kwargs = field.deconstruct()
-    old = _NarrowText(*args, **kwargs)
-    old.set_attributes_from_name(name)
-    old.model = model
-    return old
-
-
-def _as_32_bit(field: models.Field, model: type[models.Model]) -> models.Field:
-    """The same field as the table has it, an IntegerField, for alter_field to widen."""
-    name, _path, args, kwargs = field.deconstruct()
-    old = models.IntegerField(*args, **kwargs)
+    old = kind(*args, **kwargs)
     old.set_attributes_from_name(name)
     old.model = model
     return old

@@ -4,7 +4,7 @@ statements per batch of ids (the admin's retry-all)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
@@ -102,19 +102,27 @@ def retry_many(
     failed jobs left alone because another job holds their unique key (as ``retry`` leaves them).
     Ids of no failed job are in neither. Each batch commits on its own.
     """
+    retried: list[str] = []
+    blocked: list[str] = []
+    for done, held in retry_batches(job_ids, using=using, now=now):
+        retried += done
+        blocked += held
+    return retried, blocked
+
+
+def retry_batches(
+    job_ids: Iterable[str], *, using: str | None = None, now: int | None = None
+) -> Iterator[tuple[list[str], list[str]]]:
+    """``retry_many`` a batch at a time: each batch's (retried, blocked) once it has committed,
+    so that a caller knows what the batches before a failure did. The ids are checked here, before
+    the first batch."""
     if isinstance(job_ids, str):
         raise TypeError(f"job_ids must be an iterable of ids, not the str {show(job_ids)}")
     ids = [_job_id(i) for i in dict.fromkeys(job_ids)]
     alias = queue_alias(using)
     now = int(time.time()) if now is None else now
-    retried: list[str] = []
-    blocked: list[str] = []
     size = _retry_batch_size(connections[alias])
-    for start in range(0, len(ids), size):
-        done, held = _retry_batch(alias, ids[start : start + size], now)
-        retried += done
-        blocked += held
-    return retried, blocked
+    return (_retry_batch(alias, ids[start : start + size], now) for start in range(0, len(ids), size))
 
 
 def _retry_batch_size(conn: Any) -> int:
@@ -135,8 +143,9 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
             .values_list("id", "job_type", "unique_key")
         )
         digests = {job_id: unique_hash(t, k) for job_id, t, k in rows if k is not None}
-        _free_failed_holders(alias, list(set(digests.values())))
-        holders = dict(jobs.filter(unique_hash__in=set(digests.values())).values_list("unique_hash", "id"))
+        keys = list(set(digests.values()))
+        _free_failed_holders(alias, keys)
+        holders = dict(jobs.filter(unique_hash__in=keys).values_list("unique_hash", "id"))
         blocked, taken = [], set()
         for job_id, digest in digests.items():
             if holders.get(digest, job_id) != job_id or digest in taken:

@@ -82,13 +82,11 @@ class DeadLetterActions(DeadLetterReports):
         alias = queue_alias()
         retried: list[str] = []
         blocked: list[str] = []
-        size = dead_letters.RETRY_BATCH
         # Each batch commits on its own: what the batches before a failure did is logged and
         # reported, then the failure is raised
         # (tests/test_admin_input.py::test_an_action_that_fails_half_way_logs_what_it_did).
         with self.done_before_failure(request, CHANGE, retried):
-            for start in range(0, len(ids), size):
-                done_now, held = dead_letters.retry_many(ids[start : start + size], using=alias)
+            for done_now, held in dead_letters.retry_batches(ids, using=alias):
                 retried += done_now
                 blocked += held
         done = set(retried + blocked)
