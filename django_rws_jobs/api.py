@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from . import ids
+from . import clock, ids
 from .backends import backend_for
 from .backends.cursors import kept_cursor
 from .backends.inserts import INSERT_SQL
@@ -70,7 +69,7 @@ def prepare(
     max_retries = _int("max_retries", max_retries, 0, INT32_MAX)
     if unique is not None:
         unique = _text("unique key", unique, limit=UNIQUE_MAX)
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     due = due_at(run_at, run_in, now)
     return [
         ids.new_id(),
@@ -106,6 +105,7 @@ def enqueue(
     inserted and that job's id is returned (the database enforces it across processes).
     ``timeout`` (seconds) is this job's time limit; None leaves it to its type's, or the setting's.
     """
+    alias = queue_alias(using)
     params = prepare(
         job_type,
         payload,
@@ -116,8 +116,9 @@ def enqueue(
         unique=unique,
         max_retries=max_retries,
         timeout=timeout,
+        now=clock.now(alias),
     )
-    return insert_prepared(queue_alias(using), params)
+    return insert_prepared(alias, params)
 
 
 def insert_prepared(alias: str, params: list[Any]) -> str:
@@ -168,12 +169,13 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
     alias = queue_alias(using)
     conn = connections[alias]
     rows: list[list[Any]] = []
+    now = clock.now(alias)
 
     def plain() -> Iterator[list[Any]]:
         """Validate the items one by one; yield the rows without a unique key."""
         for index, item in enumerate(jobs):
             try:
-                row = _item_params(item)
+                row = _item_params(item, now)
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"job #{index}: {exc}") from None
             rows.append(row)
@@ -197,20 +199,20 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
     return ids
 
 
-def _item_params(item: Any) -> list[Any]:
+def _item_params(item: Any, now: float) -> list[Any]:
     """One enqueue_many item's INSERT parameters: only enqueue's options, by name or as a
     (job_type, payload) pair. (tests/test_input.py::test_enqueue_many_items_take_only_enqueues_options)"""
     if isinstance(item, str):
-        return prepare(item)
+        return prepare(item, now=now)
     if isinstance(item, dict) and "task" in item:
         return _task_params(item)
     if isinstance(item, dict):
         _only_known("key", item, ITEM_KEYS)
         if "job_type" not in item:
             raise TypeError("a dict needs a 'job_type'")
-        return prepare(**item)
+        return prepare(**item, now=now)
     if isinstance(item, (tuple, list)) and 1 <= len(item) <= 2:
-        return prepare(*item)
+        return prepare(*item, now=now)
     raise TypeError(f"a job must be a job_type, a (job_type, payload) pair or a dict, got {show(item)}")
 
 

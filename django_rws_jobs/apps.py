@@ -9,11 +9,12 @@ class RwsJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, declared_schedules  # noqa: F401  (register the system checks)
+        from . import clock, models  # checks: register the system checks
         from .db import configure_connection
         from .registry import TASK_PREFIX, autodiscover, registry
         from .tasks.rows import TaskRows
 
+        models.queue_now = clock.now
         connection_created.connect(configure_connection, dispatch_uid="django_rws_jobs.configure_connection")
         registry.row_runners[TASK_PREFIX] = TaskRows()
         autodiscover()

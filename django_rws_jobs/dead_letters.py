@@ -3,13 +3,13 @@ statements per batch of ids (the admin's retry-all)."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Case, QuerySet, Value, When
 
+from . import clock
 from .api import unique_hash
 from .backends import backend_for
 from .db import queue_alias
@@ -24,7 +24,7 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
     ``job_id``, or if a pending or running job already holds its unique key."""
     job_id = _job_id(job_id)
     alias = queue_alias(using)
-    now = int(time.time()) if now is None else _int("now", now, 0, INT64_MAX)
+    now = int(clock.now(alias)) if now is None else _int("now", now, 0, INT64_MAX)
     with transaction.atomic(using=alias):
         job = _by_id(alias, job_id).select_for_update().filter(status=Status.FAILED).first()
         if job is None:
@@ -120,7 +120,7 @@ def retry_batches(
         raise TypeError(f"job_ids must be an iterable of ids, not the str {show(job_ids)}")
     ids = [_job_id(i) for i in dict.fromkeys(job_ids)]
     alias = queue_alias(using)
-    now = int(time.time()) if now is None else now
+    now = int(clock.now(alias)) if now is None else now
     size = _retry_batch_size(connections[alias])
     return (_retry_batch(alias, ids[start : start + size], now) for start in range(0, len(ids), size))
 

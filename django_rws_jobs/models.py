@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
+
+
+def _host_now(using: str | None = None) -> float:
+    return time.time()
+
+
+#: The queue's time (unix seconds) for an alias: ``clock.now``, set by the app's ``ready()``.
+#: The clock reads the server's time through the backends, which import this module, so this
+#: module is handed the clock instead of importing it (tests/test_imports.py).
+queue_now: Callable[[str | None], float] = _host_now
 
 
 class Status(models.TextChoices):
@@ -43,12 +54,12 @@ class JobQuerySet(models.QuerySet):
 
     def due(self, now: int | None = None) -> JobQuerySet:
         """Pending jobs whose time has come (``now`` in unix seconds)."""
-        now = int(time.time()) if now is None else now
+        now = int(queue_now(self.db)) if now is None else now
         return self.filter(status=Status.PENDING, next_run_at__lte=now)
 
     def lease_expired(self, now: int | None = None) -> JobQuerySet:
         """Running jobs whose holder stopped renewing its lease."""
-        now = int(time.time()) if now is None else now
+        now = int(queue_now(self.db)) if now is None else now
         return self.filter(status=Status.RUNNING).filter(
             Q(locked_until__lt=now) | Q(locked_until__isnull=True)
         )

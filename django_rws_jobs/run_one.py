@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.db import connections
 
-from . import ids
+from . import clock, ids
 from .conf import jobs_settings
 from .db import queue_alias
 from .validation import queue_list
@@ -26,7 +25,7 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     require_valid_settings()
     store = Store(connections[alias])
     lease = int(jobs_settings.LEASE_SECONDS)
-    now = int(time.time())
+    now = int(clock.now(alias))
     claimed = store.claim(ids.claim_token(), now, now + lease, queues, 1)
     if not claimed:
         return False
@@ -48,7 +47,9 @@ def _renewing(alias: str, token: str, lease: int) -> Iterator[None]:
         try:
             while not done.wait(max(lease / 3, 0.2)):
                 try:
-                    db.once(lambda c: c.store().renew([token], int(time.time()) + lease), "renewing a lease")
+                    db.once(
+                        lambda c: c.store().renew([token], int(clock.now(alias)) + lease), "renewing a lease"
+                    )
                 except Exception:  # noqa: BLE001, S110  (Retry logs database errors; retried next round)
                     pass
         finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +13,7 @@ from asgiref.sync import async_to_sync
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections, transaction
 
+from . import clock
 from .conf import jobs_settings
 from .db import is_registered, is_transient, thread_connected
 from .registry import registry
@@ -40,7 +40,7 @@ def backoff_delay(attempts: int) -> float:
 
 def retry_at(attempts: int, now: float | None = None) -> int:
     """The unix second at which the retry becomes due: rounded up, so it never runs early."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     return math.ceil(now + backoff_delay(attempts))
 
 
@@ -162,7 +162,7 @@ def record(store: Store, job: Claimed, error: Any, tb: str | None, expired_befor
     else:
         error = storable(error, ERROR_MAX)
         tb = None if tb is None else storable(tb, TRACEBACK_MAX, keep_end=True)
-        applied, outcome = _record_failure(store, job, error, tb, time.time(), expired_before)
+        applied, outcome = _record_failure(store, job, error, tb, clock.now(store.conn.alias), expired_before)
     if not applied:
         logger.warning(
             "job %s (%s): result %r dropped: claim %s no longer holds it "
@@ -272,7 +272,7 @@ def recover(store: Store, now: int | None = None, limit: int = 100) -> int:
     Rows with no lease at all (a rust-web-server writer's) first get one, and are taken back only if it runs
     out: the Rust worker that holds them may be alive. Returns how many jobs were taken back.
     """
-    now = int(time.time()) if now is None else now
+    now = int(clock.now(store.conn.alias)) if now is None else now
     lease = int(jobs_settings.LEASE_SECONDS)
     store.lease_leaseless(now, now + lease)
     store.refresh_rust_claims(now, now + lease)

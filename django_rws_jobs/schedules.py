@@ -6,12 +6,11 @@ The schedules and their checks are in declared_schedules.py; this module ticks t
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
-from . import cron
+from . import clock, cron
 from .db import queue_alias
 from .declared_schedules import Schedule, ScheduleError, check_schedules, declared, valid_schedules
 from .models import JobSchedule
@@ -43,7 +42,7 @@ def tick_schedules(
     effect at once. One schedule's failure is logged and does not stop the others.
     """
     alias = queue_alias(using)
-    now = int(time.time()) if now is None else int(now)
+    now = int(clock.now(alias)) if now is None else int(now)
     schedules = valid_schedules() if schedules is None else schedules
     if not schedules:
         return 0

@@ -24,11 +24,16 @@ find_python() {
 
 ensure_system_packages() {
     local need_apt=()
-    # mysqlclient compiles against the MariaDB client headers; the browser test uses Debian's chromium.
+    # mysqlclient compiles against the MariaDB client headers.
     [ -f /usr/include/mariadb/mysql.h ] || [ -f /usr/include/mysql/mysql.h ] || need_apt+=(libmariadb-dev)
     command -v pkg-config >/dev/null || need_apt+=(pkg-config)
     command -v gcc >/dev/null || need_apt+=(gcc)
-    if [ "${1:-}" = browser ]; then command -v chromium >/dev/null || need_apt+=(chromium); fi
+    # scripts/test: the browser test uses Debian's chromium, the clock tests run workers under
+    # libfaketime.
+    if [ "${1:-}" = test ]; then
+        command -v chromium >/dev/null || need_apt+=(chromium)
+        ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || need_apt+=(faketime)
+    fi
     if [ "${1:-}" = valgrind ]; then command -v valgrind >/dev/null || need_apt+=(valgrind); fi
     if [ ${#need_apt[@]} -gt 0 ]; then
         if [ "$(id -u)" = 0 ]; then

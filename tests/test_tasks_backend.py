@@ -356,6 +356,17 @@ def test_check_reports_bad_options():
     assert backend().check() == []
 
 
+def test_check_reports_the_app_missing_from_installed_apps():
+    """Without the app its tables are never migrated and the first enqueue would fail on them."""
+    from django.test import modify_settings
+
+    with modify_settings(INSTALLED_APPS={"remove": ["django_rws_jobs"]}):
+        messages = backend().check()
+    assert [m.id for m in messages] == ["rws_jobs.E206"]
+    assert "INSTALLED_APPS" in messages[0].msg
+    assert backend().check() == []
+
+
 def test_the_async_twins():
     from asgiref.sync import async_to_sync
 

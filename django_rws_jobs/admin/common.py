@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from django.contrib import admin
@@ -15,7 +14,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from .. import humanize
+from .. import clock, humanize
 from ..db import queue_alias
 from ..models import FailedJob, Job, JobSchedule
 
@@ -25,7 +24,7 @@ COUNT_CAP = 10_000
 
 
 def now() -> int:
-    return int(time.time())
+    return int(clock.now())
 
 
 def time_cell(ts: int | None, at: int | None = None) -> SafeString | str:

@@ -54,6 +54,9 @@ class BaseFeatures:
     #: A rust-web-server table is adopted by rebuilding it in the migration's transaction, as
     #: Django's own SQLite schema editor alters tables (adopt.py; tests/test_adopt.py).
     adopts_by_rebuild = False
+    #: A statement that reads the server's clock as unix seconds, or None where the database
+    #: lives in the host's clock (SQLite): see clock.py.
+    server_clock_sql: str | None = None
 
     def __init__(self, conn: BaseDatabaseWrapper):
         self.conn = conn

@@ -41,6 +41,9 @@ TIME_LIMIT_ERRNOS = (1969, 3024)
 class MySQLFeatures(BaseFeatures):
     resumes_claims = True
     shared_lock = " LOCK IN SHARE MODE"
+    # SYSDATE(6), not NOW(6): the time it runs, not the statement's start; UNIX_TIMESTAMP of it
+    # does not depend on the session's time_zone.
+    server_clock_sql = "SELECT UNIX_TIMESTAMP(SYSDATE(6))"
 
     @property
     def sends_several_statements(self) -> bool:  # type: ignore[override]

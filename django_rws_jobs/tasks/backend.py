@@ -10,7 +10,6 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -161,12 +160,13 @@ class RwsJobsBackend(BaseTaskBackend):
 
     def job_params(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         """The task's row as ``api.prepare`` makes one (enqueue's and enqueue_many's)."""
+        from .. import clock
         from ..api import prepare
 
         self.validate_task(task)
         declared = _check_importable(task)
         args, kwargs = arguments(args, kwargs)
-        now = time.time()
+        now = clock.now(self.database)
         unique = unique_key(task, args, kwargs) if getattr(task, "unique", False) else None
         try:  # what the queue refuses besides Django's checks (a queue name over 64 characters)
             return prepare(
@@ -204,6 +204,17 @@ class RwsJobsBackend(BaseTaskBackend):
                 )
             )
         found += self._check_values()
+        from django.apps import apps
+
+        if not apps.is_installed("django_rws_jobs"):
+            found.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses RwsJobsBackend, "
+                    "but django_rws_jobs is not in INSTALLED_APPS",
+                    hint="add 'django_rws_jobs' to INSTALLED_APPS and run migrate: it holds the tables",
+                    id="rws_jobs.E206",
+                )
+            )
         return found
 
     def _check_values(self) -> list[checks.CheckMessage]:

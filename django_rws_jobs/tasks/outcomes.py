@@ -7,13 +7,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import time
 import traceback
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from django.db import transaction
 
+from .. import clock
 from ..backends.base import is_registered
 from ..exceptions import TIMED_OUT, JobTimeout
 from ..registry import TASK_PREFIX
@@ -68,7 +68,7 @@ def failure_from_text(job: Claimed, text: str) -> TaskOutcome:
     name = f"{kind.__module__}.{kind.__qualname__}"
     message = text.removeprefix(TIMED_OUT)
     error = {"exception_class_path": name, "traceback": f"{name}: {message}\n"}
-    return TaskOutcome(None, None, time.time(), error=error)
+    return TaskOutcome(None, None, clock.now(), error=error)
 
 
 def record_task(store: Store, job: Claimed, outcome: TaskOutcome, expired_before: int | None) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
+from .. import clock
 from ..models import TaskResultRecord
 
 logger = logging.getLogger("django_rws_jobs")
@@ -38,7 +39,7 @@ def prune(
     """Delete (or, ``dry_run``, count) the results finished more than ``older_than`` seconds ago,
     in ``queues`` (all when None) but not in ``exclude``, oldest first, BATCH at a time; return
     how many."""
-    now = time.time() if now is None else now
+    now = clock.now(alias) if now is None else now
     found = TaskResultRecord.objects.using(alias).filter(finished_at__lt=int(now - older_than))
     if queues is not None:
         found = found.filter(queue__in=list(queues))

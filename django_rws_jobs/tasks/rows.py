@@ -8,12 +8,12 @@ Registered as the row runner of TASK_PREFIX at start-up (apps.py), so ``runner.e
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from asgiref.sync import async_to_sync, iscoroutinefunction
 from django.db import connections
 
+from .. import clock
 from ..registry import TASK_PREFIX
 from ..runner import _close_old_connections
 from ..store import Claimed, Store
@@ -61,14 +61,14 @@ class TaskRows:
 def run_task(job: Claimed) -> TaskOutcome:
     """Call the task with its arguments (and a TaskContext), outside any transaction."""
     compat, results = framework()
-    started = time.time()
+    started = clock.now()
     try:
         result = results.build(_running_row(job, started), TASK_PREFIX)
     except BaseException as exc:  # noqa: BLE001  (the task cannot even be loaded: a failure)
         logger.error("task %s (%s) cannot run: %s", job.id, job.job_type, exc)
         failure = TaskNotFound(str(exc))
         failure.__cause__ = exc
-        return TaskOutcome(None, started, time.time(), error=error_of(failure))
+        return TaskOutcome(None, started, clock.now(), error=error_of(failure))
     send_robustly(compat.task_started, result)
     task = result.task
     try:
@@ -85,11 +85,11 @@ def run_task(job: Claimed) -> TaskOutcome:
         logger.error(
             "task %s (%s) failed on attempt %d", job.id, task.module_path, result.attempts, exc_info=True
         )
-        outcome = TaskOutcome(result, started, time.time(), error=error_of(exc), exc=exc)
+        outcome = TaskOutcome(result, started, clock.now(), error=error_of(exc), exc=exc)
         object.__setattr__(result, "status", compat.TaskResultStatus.FAILED)
         return outcome
     object.__setattr__(result, "_return_value", history.load_value(text))
-    return TaskOutcome(result, started, time.time(), value=text)
+    return TaskOutcome(result, started, clock.now(), value=text)
 
 
 def _running_row(job: Claimed, started: float) -> tuple[Any, ...]:

@@ -6,6 +6,7 @@ import time
 
 from django.db import Error as DatabaseError
 
+from .. import clock
 from ..backends import BaseFeatures
 from ..conf import jobs_settings
 from ..db import is_transient
@@ -112,7 +113,7 @@ class Dispatcher:
         # A burst may end only if nothing was running when this look began: a job that
         # finishes meanwhile may have enqueued another.
         busy = shared.free < shared.threads or bool(shared.held)
-        now = int(time.time())
+        now = int(clock.now(shared.alias))
         lease_end = now + self.lease
         token = claim_token()
         try:

@@ -9,14 +9,20 @@ import time
 from django.db import Error as DatabaseError
 from django.db import connections
 
+from .. import clock
 from ..conf import jobs_settings
 from ..db import is_transient
 from ..reconnect import Connection, Retry
 from ..runner import recover
+from ..store import Claimed
 from ..tasks.prune import prune_expired
 from .shared import Shared
 
 logger = logging.getLogger("django_rws_jobs")
+
+
+#: Seconds between the keeper's readings of the database's clock (clock.py keeps the others' time).
+CLOCK_EVERY = clock.REFRESH / 2
 
 
 class LeaseKeeper:
@@ -33,6 +39,10 @@ class LeaseKeeper:
         self.db = Retry(self.holder, shared.stop)
         self.lease = int(jobs_settings.LEASE_SECONDS)
         self.next_recovery = time.monotonic() + jobs_settings.recovery_interval
+        self.next_clock = time.monotonic() + CLOCK_EVERY
+        self.warned_offset: float | None = None  # see clock.warn_if_off
+        self.lease_ends: dict[str, int] = {}  # claim token -> its lease's end, as last renewed
+        self.lapsed: set[tuple[str, str]] = set()  # (token, job id) whose lapse was logged
 
     def loop(self) -> None:
         try:
@@ -43,12 +53,16 @@ class LeaseKeeper:
             connections.close_all()
 
     def run_once(self) -> None:
+        with self.shared.held_lock:
+            held = list(self.shared.held.values())
+        tokens = sorted({job.token for job in held})
         try:
-            with self.shared.held_lock:
-                tokens = sorted({token for token, _ in self.shared.held})
             if tokens:
-                until = int(time.time()) + self.lease
-                self.db.once(lambda c: c.store().renew(tokens, until), "renewing leases")
+                self._renew(tokens)
+            if time.monotonic() >= self.next_clock:
+                reading = self.db.once(lambda c: clock.read(c.connection()), "reading the database's clock")
+                self.warned_offset = clock.warn_if_off(reading, self.warned_offset)
+                self.next_clock = time.monotonic() + CLOCK_EVERY
             if time.monotonic() >= self.next_recovery and not self.shared.stop.is_set():
                 self.db.once(lambda c: recover(c.store()), "recovering expired leases")
                 prune_expired(self.shared.alias)  # django.tasks results past their retention
@@ -59,3 +73,36 @@ class LeaseKeeper:
             # else logged by Retry; the next round tries again
         except Exception:
             logger.exception("lease keeper error")
+        finally:
+            self._report_lapsed(held)
+
+    def _renew(self, tokens: list[str]) -> None:
+        now = int(clock.now(self.shared.alias))
+        until = now + self.lease
+        for token in tokens:
+            # A claim first seen here was made at most one round ago: its lease ends no earlier.
+            self.lease_ends.setdefault(token, now + self.lease - int(self.lease / 3) - 1)
+        self.db.once(lambda c: c.store().renew(tokens, until), "renewing leases")
+        for token in tokens:
+            self.lease_ends[token] = until
+
+    def _report_lapsed(self, held: list[Claimed]) -> None:
+        """Log once per job (ERROR) a lease that ran out before it could be renewed: another
+        worker may take the job over, and this worker's outcome is then dropped (fenced on the
+        claim)."""
+        live = {job.token for job in held}
+        for token in [t for t in self.lease_ends if t not in live]:
+            del self.lease_ends[token]
+        self.lapsed &= {(job.token, job.id) for job in held}
+        now = clock.now(self.shared.alias)
+        for job in held:
+            end = self.lease_ends.get(job.token)
+            if end is not None and now >= end and (job.token, job.id) not in self.lapsed:
+                self.lapsed.add((job.token, job.id))
+                logger.error(
+                    "job %s (%s): its lease ran out at %d before this worker could renew it; "
+                    "another worker may run it, and this worker's outcome will then be dropped",
+                    job.id,
+                    job.job_type,
+                    end,
+                )

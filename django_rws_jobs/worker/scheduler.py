@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from django.db import Error as DatabaseError
 from django.db import connections
 
+from .. import clock
 from ..declared_schedules import Schedule, valid_schedules
 from ..reconnect import Connection, Retry
 from ..schedules import tick_schedules
@@ -40,7 +40,7 @@ class Scheduler:
         try:
             while True:
                 self.run_once(schedules)
-                if self.stop.wait(1.0 - (time.time() % 1.0) + 0.005):
+                if self.stop.wait(1.0 - (clock.now(self.alias) % 1.0) + 0.005):
                     break
         finally:
             connections.close_all()

@@ -14,11 +14,12 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import connections
 
-from .. import wakeup
+from .. import clock, wakeup
 from ..backends import backend_for
 from ..checks import check_value, require_valid_settings
 from ..conf import jobs_settings
 from ..db import is_transient, queue_alias
+from ..ids import worker_id
 from ..reconnect import Connection, Retry
 from ..runner import recover
 from ..schedules import tick_schedules
@@ -79,6 +80,7 @@ class Worker:
         self._threads: dict[str, threading.Thread] = {}
         self._started: dict[str, float] = {}  # role -> time.monotonic() of its thread's start
         self._signals = 0
+        self._warned_offset: float | None = None  # see clock.warn_if_off
 
     @property
     def exit_code(self) -> int:
@@ -118,6 +120,7 @@ class Worker:
             finally:
                 connections.close_all()
         self._keeper = LeaseKeeper(self.shared)
+        self._keeper.warned_offset = self._warned_offset
         self._watchdog = Watchdog(self.shared, float(jobs_settings.TIMEOUT_GRACE))
         if self.pool is not None:
             self.pool.prestart(self.threads)
@@ -135,9 +138,11 @@ class Worker:
         """Take back the jobs of lost workers; False when the worker is not to start."""
         holder = Connection(self.alias)
         try:
-            taken = Retry(holder, self.shared.stop).until_stopped(
-                lambda c: recover(c.store()), "recovering at start"
+            reading, taken = Retry(holder, self.shared.stop).until_stopped(
+                lambda c: (clock.read(c.connection()), recover(c.store())), "recovering at start"
             )
+            clock.kept_fresh_by_caller()  # the lease keeper reads it from now on
+            self._log_start(reading)
             if taken:
                 logger.warning("took back %d job(s) whose worker was lost", taken)
         except DatabaseError as exc:
@@ -151,6 +156,22 @@ class Worker:
         finally:
             holder.close()
         return True
+
+    def _log_start(self, reading: clock.Reading | None) -> None:
+        """The start-up line, with the host's clock offset from the database's."""
+        logger.info(
+            "worker %s starting: %d %s, queues %s, database %r, lease %ss, %s%s%s",
+            worker_id(),
+            self.threads,
+            "thread(s)" if self.pool is None else "child process(es)",
+            ",".join(self.queues) if self.queues else "(all)",
+            self.alias,
+            jobs_settings.LEASE_SECONDS,
+            clock.describe(reading),
+            ", burst" if self.burst else "",
+            ", schedules on" if self.run_schedules else "",
+        )
+        self._warned_offset = clock.warn_if_off(reading, None)
 
     def _roles(self) -> dict[str, Callable[[], None]]:
         """Thread name -> the role's loop. A restarted thread runs a new role object."""

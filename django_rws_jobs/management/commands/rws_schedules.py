@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_rws_jobs import humanize
+from django_rws_jobs import clock, humanize
 from django_rws_jobs.db import queue_alias
 from django_rws_jobs.declared_schedules import declared
 from django_rws_jobs.models import JobSchedule
@@ -43,7 +42,7 @@ class Command(BaseCommand):
             alias = queue_alias(options["database"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        now = int(time.time())
+        now = int(clock.now(alias))
         schedules, errors = declared()
         stored = {row.name: row for row in JobSchedule.objects.using(alias).order_by("name")}
 

@@ -13,9 +13,7 @@ from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rws_jobs.checks import check_value
-from django_rws_jobs.conf import jobs_settings
 from django_rws_jobs.db import queue_alias
-from django_rws_jobs.ids import worker_id
 from django_rws_jobs.validation import queue_list
 
 # Imported here, before --processes forks: a child that had to import the worker after the fork
@@ -163,17 +161,6 @@ class Command(BaseCommand):
     def _run_worker(self, settings: dict[str, Any]) -> int:
         worker = Worker(**settings)
         worker.install_signal_handlers()
-        logging.getLogger("django_rws_jobs").info(
-            "worker %s starting: %d %s, queues %s, database %r, lease %ss%s%s",
-            worker_id(),
-            worker.threads,
-            "thread(s)" if worker.pool is None else "child process(es)",
-            ",".join(worker.queues) if worker.queues else "(all)",
-            worker.alias,
-            jobs_settings.LEASE_SECONDS,
-            ", burst" if worker.burst else "",
-            ", schedules on" if worker.run_schedules else "",
-        )
         return worker.run()
 
     def _run_processes(self, count: int, settings: dict[str, Any]) -> int:
