@@ -65,6 +65,7 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "WORKER_SYNCHRONOUS_COMMIT": ("rws_jobs.E012", lambda v: isinstance(v, bool), "True or False"),
     "TIMEOUT": ("rws_jobs.E015", *_optional(_bounded(SECONDS, 0, WEEK, above=True))),
     "TIMEOUT_GRACE": ("rws_jobs.E016", *_bounded(SECONDS, 0, 3600, above=True)),
+    "STATEMENT_DEADLINE": ("rws_jobs.E017", *_optional(_bounded(SECONDS, 1, DAY))),
     "SQLITE_SETUP_ALIASES": (
         "rws_jobs.E014",
         lambda v: (

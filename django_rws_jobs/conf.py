@@ -30,6 +30,9 @@ DEFAULTS: dict[str, Any] = {
     # SQLite aliases besides the queue's (DATABASE) whose connections get the queue's set-up:
     # WAL, synchronous=NORMAL, IMMEDIATE transactions, a busy timeout.
     "SQLITE_SETUP_ALIASES": [],
+    # Seconds one of the worker's own database calls may go unanswered before its connection is
+    # taken for dead, closed and opened again (deadline.py); None turns the deadline off.
+    "STATEMENT_DEADLINE": 20,
 }
 
 

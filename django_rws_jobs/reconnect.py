@@ -16,6 +16,7 @@ from django.db import Error as DatabaseError
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from . import deadline
 from .db import is_transient, private_connection
 from .store import Store
 
@@ -82,10 +83,13 @@ class Retry:
     kind (tests/test_faults.py::test_a_worker_without_its_tables_fails_fast).
     """
 
-    def __init__(self, holder: Connection, stop: threading.Event | None = None):
+    def __init__(self, holder: Connection, stop: threading.Event | None = None, *, watched: bool = True):
         self.holder = holder
         self.stop = stop if stop is not None else threading.Event()
         self._pause = threading.Event()  # never set: a plain wait that a stop does not cut short
+        # Each call is one short piece of work: past STATEMENT_DEADLINE its connection is taken
+        # for dead (deadline.py). The listener, whose call waits for ever, watches its own pings.
+        self._watch = deadline.watch() if watched else None
 
     def until_stopped(self, fn: Callable[[Connection], Any], what: str) -> Any:
         return self._run(fn, what, None)
@@ -98,9 +102,16 @@ class Retry:
 
     def _run(self, fn: Callable[[Connection], Any], what: str, deadline: float | None) -> Any:
         delay = FIRST_DELAY
+        w = self._watch
         while True:
             try:
-                return fn(self.holder)
+                if w is None:
+                    return fn(self.holder)
+                w.start(self.holder.connection(), what)
+                try:
+                    return fn(self.holder)
+                finally:
+                    w.done()
             except DatabaseError as exc:
                 self.holder.reset()
                 if not is_transient(exc):

@@ -50,6 +50,9 @@ def test_defaults_pass():
         ("SHUTDOWN_TIMEOUT", 86401, "rws_jobs.E009"),
         ("RECOVERY_INTERVAL", math.inf, "rws_jobs.E011"),
         ("RECOVERY_INTERVAL", math.nan, "rws_jobs.E011"),
+        ("STATEMENT_DEADLINE", 0.5, "rws_jobs.E017"),
+        ("STATEMENT_DEADLINE", math.inf, "rws_jobs.E017"),
+        ("STATEMENT_DEADLINE", "20", "rws_jobs.E017"),
     ],
 )
 def test_each_bad_setting_has_its_own_id(key, value, check_id):

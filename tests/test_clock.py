@@ -49,28 +49,17 @@ def faked_env(shift: str, **jobs) -> dict[str, str]:
     )
 
 
-class FakedWorker(WorkerProcess):
-    def __init__(self, tmp_path, shift: str, *args: str, jobs: dict | None = None):
-        self.log = tmp_path / f"worker{shift}-{time.monotonic_ns()}.log"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "rws_worker", *args],
-            cwd=ROOT,
-            env=faked_env(shift, **(jobs or {})),
-            stdout=self.log.open("w"),
-            stderr=subprocess.STDOUT,
-        )
-
-
 @pytest.fixture
 def faked_workers(tmp_path):
     started: list[WorkerProcess] = []
 
     def start(shift: str | None, *args: str, jobs: dict | None = None) -> WorkerProcess:
-        w = (
-            FakedWorker(tmp_path, shift, *args, jobs=jobs)
+        env = (
+            {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": shift, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
             if shift
-            else WorkerProcess(tmp_path, *args, jobs=jobs)
+            else None
         )
+        w = WorkerProcess(tmp_path, *args, jobs=jobs, name=f"worker{shift or ''}", env=env)
         started.append(w)
         return w
 

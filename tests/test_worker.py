@@ -28,9 +28,12 @@ class WorkerProcess:
         jobs: dict | None = None,
         name: str = "worker",
         new_session: bool = False,
+        env: dict[str, str] | None = None,
     ):
+        """``env``: variables set for this worker besides the test run's (tests/test_clock.py's
+        libfaketime, tests/test_dead_connections.py's proxy port)."""
         self.log = tmp_path / f"{name}-{time.monotonic_ns()}.log"
-        env = subprocess_env(RWS_TEST_JOBS=json.dumps(jobs or {}))
+        env = subprocess_env(RWS_TEST_JOBS=json.dumps(jobs or {}), **(env or {}))
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "django", "rws_worker", *args],
             cwd=ROOT,

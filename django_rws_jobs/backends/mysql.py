@@ -38,6 +38,12 @@ LOCKING = " FOR UPDATE SKIP LOCKED"
 TIME_LIMIT_ERRNOS = (1969, 3024)
 
 
+#: The driver's timeouts on the worker's own connections, in seconds (docs/design.md, "Dead
+#: connections"). libmysqlclient retries a timed-out read twice, so a silent peer fails a read
+#: after up to three times read_timeout.
+DEAD_PEER_OPTIONS = {"connect_timeout": 10, "read_timeout": 10, "write_timeout": 10}
+
+
 class MySQLFeatures(BaseFeatures):
     resumes_claims = True
     shared_lock = " LOCK IN SHARE MODE"
@@ -129,6 +135,10 @@ class MySQLBackend(BaseBackend):
         # Under REPEATABLE READ, InnoDB keeps locks on rows a claim read but did not take (other
         # queues' jobs), and other workers' SKIP LOCKED would pass them over.
         options.setdefault("isolation_level", "read committed")
+        # A peer that vanished or never answers is noticed within these (mysqlclient and PyMySQL
+        # both take them); a project's own values are kept.
+        for key, value in DEAD_PEER_OPTIONS.items():
+            options.setdefault(key, value)
         # The claim sends BEGIN with its first statement and COMMIT with its last where the driver
         # allows several statements per call: mysqlclient does unless told not to (PyMySQL does
         # not; see sends_several). Only the Store's statements run on this connection, their

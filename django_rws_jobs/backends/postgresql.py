@@ -25,6 +25,19 @@ def _is_psycopg3() -> bool:
     return is_psycopg3
 
 
+#: libpq's TCP settings on the worker's own connections (docs/design.md, "Dead connections"):
+#: an unanswered connect fails after 10 s, an idle connection is probed after 10 s and given up
+#: after 3 probes 5 s apart, and data unacknowledged for 20 s closes the connection.
+DEAD_PEER_OPTIONS = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 20_000,
+}
+
+
 class PostgreSQLFeatures(BaseFeatures):
     wakeup = "listen"
     max_query_params = 65_535  # the protocol's limit
@@ -106,6 +119,10 @@ class PostgreSQLBackend(BaseBackend):
         # threshold no statement reaches keeps psycopg from preparing anything else, whose generic
         # plan nobody checked), so PostgreSQL stops planning each one anew. A project behind a
         # pooler that cannot keep prepared statements sets OPTIONS["server_side_binding"] = False.
+        # A peer that vanished (a dropped NAT entry, a firewall that drops packets) is noticed by
+        # TCP within seconds instead of Linux's two hours; a project's own values are kept.
+        for key, value in DEAD_PEER_OPTIONS.items():
+            options.setdefault(key, value)
         options.setdefault("server_side_binding", True)
         if options["server_side_binding"] is True:
             options.setdefault("prepare_threshold", PREPARE_WHEN_ASKED)

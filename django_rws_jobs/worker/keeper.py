@@ -89,7 +89,7 @@ class LeaseKeeper:
     def _report_lapsed(self, held: list[Claimed]) -> None:
         """Log once per job (ERROR) a lease that ran out before it could be renewed: another
         worker may take the job over, and this worker's outcome is then dropped (fenced on the
-        claim)."""
+        claim). Pinned by tests/test_dead_connections.py (the partition test)."""
         live = {job.token for job in held}
         for token in [t for t in self.lease_ends if t not in live]:
             del self.lease_ends[token]

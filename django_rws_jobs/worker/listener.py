@@ -9,13 +9,18 @@ polling every POLL_INTERVAL, so a connection pooler that breaks LISTEN costs lat
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any
 
 from django.db import Error as DatabaseError
 from django.db import connections
 
+from .. import deadline
 from ..reconnect import Connection, Retry
 
 CHANNEL = "rws_jobs"
+#: Seconds between the listener's round trips on its idle connection.
+PING_EVERY = 10.0
 
 
 class Listener:
@@ -26,7 +31,9 @@ class Listener:
         self.stop = stop
         self.wake = wake
         self.holder = Connection(alias)
-        self.db = Retry(self.holder, stop)
+        # Its call waits for notifications for ever: no deadline on it, but one on each ping.
+        self.db = Retry(self.holder, stop, watched=False)
+        self.watch = deadline.watch()
 
     def loop(self) -> None:
         try:
@@ -44,7 +51,26 @@ class Listener:
             conn.ensure_connection()
             raw = conn.connection
             raw.autocommit = True
-            raw.execute(f"LISTEN {CHANNEL}")
+            self.watch.start(conn, f"listening on {CHANNEL}")
+            try:
+                raw.execute(f"LISTEN {CHANNEL}")
+            finally:
+                self.watch.done()
+            next_ping = time.monotonic() + PING_EVERY
             while not self.stop.is_set():
                 for _ in raw.notifies(timeout=0.5, stop_after=1):
                     self.wake.set()
+                if time.monotonic() >= next_ping:
+                    self._ping(conn, raw)
+                    self.wake.set()  # a notification that arrived during the ping is not kept
+                    next_ping = time.monotonic() + PING_EVERY
+
+    def _ping(self, conn: Any, raw: Any) -> None:
+        """A round trip: an idle connection whose peer died silently never delivers a
+        notification, and without one nothing would notice (deadline.py cuts a ping that gets
+        no answer)."""
+        self.watch.start(conn, f"checking the connection that listens on {CHANNEL}")
+        try:
+            raw.execute("SELECT 1")
+        finally:
+            self.watch.done()

@@ -30,6 +30,16 @@ def sleep(payload: str) -> None:
     _trace("end", payload)
 
 
+@job("test.start_then_sleep")
+def start_then_sleep(payload: str) -> None:
+    """Leaves its start trace, then touches no database: a partition does not hang its end."""
+    from django.db import connection
+
+    _trace("start", payload)
+    connection.close()
+    time.sleep(float(payload))
+
+
 @job("test.exit")
 def hard_exit(payload: str) -> None:
     _trace("exit", payload)

@@ -1,0 +1,99 @@
+"""Connections that die silently: a loopback proxy (tests/proxy.py) between a worker and its
+database freezes the connections it carries, or every connection (a partition), while the test
+process and a second worker reach the database directly. The worker notices within
+STATEMENT_DEADLINE, reconnects and goes on (django_rws_jobs/deadline.py)."""
+
+import time
+
+import pytest
+from django.db import connection
+
+import django_rws_jobs as rws
+from django_rws_jobs.models import Job
+from tests.proxy import Proxy
+from tests.test_worker import WorkerProcess, run_counts, wait_for
+from tests.testapp.models import Run
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no connection to lose"),
+]
+
+PORT_VARIABLE = {"postgresql": "PGPORT", "mysql": "MYSQL_PORT"}
+
+
+@pytest.fixture
+def proxy():
+    p = Proxy(int(connection.settings_dict["PORT"] or {"postgresql": 5432}.get(connection.vendor, 3306)))
+    yield p
+    p.close()
+
+
+def ProxiedWorker(tmp_path, proxy: Proxy, *args: str, jobs: dict) -> WorkerProcess:  # noqa: N802
+    """A worker whose connections all go through ``proxy``."""
+    port = {PORT_VARIABLE[connection.vendor]: str(proxy.port)}
+    return WorkerProcess(tmp_path, *args, jobs=jobs, name="proxied", env=port)
+
+
+@pytest.fixture
+def started(tmp_path):
+    procs: list[WorkerProcess] = []
+    yield procs
+    for w in procs:
+        w.stop()
+
+
+def test_a_worker_whose_connections_freeze_resumes_on_new_ones(tmp_path, proxy, started):
+    jobs = {"LEASE_SECONDS": 15, "STATEMENT_DEADLINE": 3, "POLL_INTERVAL": 0.2}
+    w = ProxiedWorker(tmp_path, proxy, jobs=jobs)
+    started.append(w)
+    w.started()
+    rws.enqueue("test.record", "before")
+    wait_for(lambda: run_counts() == {"before": 1}, 30, what=f"the first job:\n{w.output()}")
+    assert proxy.freeze() >= 2  # the dispatcher's, the completer's, the keeper's...
+    frozen_at = time.monotonic()
+    for i in range(20):
+        rws.enqueue("test.record", f"after-{i}")
+    wait_for(lambda: len(run_counts()) == 21, 60, what=f"the jobs enqueued after the freeze:\n{w.output()}")
+    assert time.monotonic() - frozen_at < jobs["LEASE_SECONDS"], w.output()
+    assert set(run_counts().values()) == {1}
+    assert "taken for dead" in w.output()
+    assert w.proc.poll() is None
+
+
+def test_a_partition_of_three_leases_loses_nothing_and_the_worker_goes_on(tmp_path, proxy, started):
+    lease = 6
+    jobs = {"LEASE_SECONDS": lease, "STATEMENT_DEADLINE": 2, "POLL_INTERVAL": 0.2, "RECOVERY_INTERVAL": 1}
+    cut_off = ProxiedWorker(tmp_path, proxy, "--queues", "default,mine", jobs=jobs)
+    started.append(cut_off)
+    cut_off.started()
+    held = rws.enqueue("test.start_then_sleep", "3")
+    wait_for(
+        lambda: Run.objects.filter(kind="start").exists(), 30, what=f"the job to start:\n{cut_off.output()}"
+    )
+    proxy.partition()
+    partitioned_at = time.monotonic()
+    other = WorkerProcess(tmp_path, "--queues", "default", jobs=jobs)
+    started.append(other)
+    # The held job's lease runs out; the other worker takes it back and runs it again.
+    wait_for(
+        lambda: Run.objects.filter(kind="start").count() >= 2 and not Job.objects.filter(id=held).exists(),
+        lease * 3 + 20,
+        what=f"the held job to be run by the other worker:\n{other.output()}",
+    )
+    time.sleep(max(0.0, 3 * lease - (time.monotonic() - partitioned_at)))
+    proxy.heal()
+    healed_at = time.monotonic()
+    for i in range(5):
+        rws.enqueue("test.record", f"mine-{i}", queue="mine")  # only the cut-off worker serves it
+    wait_for(
+        lambda: len(run_counts()) == 5, lease + 30, what=f"the cut-off worker to go on:\n{cut_off.output()}"
+    )
+    assert time.monotonic() - healed_at < lease + 15, cut_off.output()
+    starts = Run.objects.filter(kind="start", payload="3")
+    assert starts.count() == 2  # the cut-off worker's attempt, then the other's
+    assert len({r.pid for r in starts}) == 2
+    assert not Job.objects.filter(status="failed").exists()
+    assert cut_off.output().count("its lease ran out") == 1  # once per job
+    assert cut_off.proc.poll() is None and other.proc.poll() is None
