@@ -29,10 +29,11 @@ ensure_system_packages() {
     command -v pkg-config >/dev/null || need_apt+=(pkg-config)
     command -v gcc >/dev/null || need_apt+=(gcc)
     # scripts/test: the browser test uses Debian's chromium, the clock tests run workers under
-    # libfaketime.
+    # libfaketime, the dead-connection tests drop packets with iptables.
     if [ "${1:-}" = test ]; then
         command -v chromium >/dev/null || need_apt+=(chromium)
         ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || need_apt+=(faketime)
+        command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || need_apt+=(iptables)
     fi
     if [ "${1:-}" = valgrind ]; then command -v valgrind >/dev/null || need_apt+=(valgrind); fi
     if [ ${#need_apt[@]} -gt 0 ]; then
