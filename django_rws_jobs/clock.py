@@ -8,7 +8,8 @@ clock").
 The server's time is read once by a statement (``features.server_clock_sql``) and then carried
 forward on this process's monotonic clock: ``now() = monotonic() + base``. A host clock that is
 set wrong or jumps (a VM resumed, NTP stepping it) changes nothing. The base is read again every
-:data:`REFRESH` seconds by whoever asks (the worker's lease keeper reads it every round), so a
+:data:`REFRESH` seconds by whoever asks (in a worker, only its lease keeper, every
+``REFRESH / 2``), so a
 server whose own clock is stepped is followed within that. A read that fails keeps the last base
 (or, with none, the host's clock): asking the time never raises.
 
@@ -18,7 +19,6 @@ Pinned by tests/test_clock.py (faketime shifts a worker's and a web process's cl
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 
@@ -46,7 +46,6 @@ class Reading:
 
 
 _readings: dict[str, Reading | None] = {}  # None: this alias lives in the host's clock
-_lock = threading.Lock()
 _lazy = True  # see kept_fresh_by_caller
 
 
@@ -71,8 +70,7 @@ def read(conn: BaseDatabaseWrapper) -> Reading | None:
         taken=after,
         round_trip=after - before,
     )
-    with _lock:
-        _readings[conn.alias] = reading
+    _readings[conn.alias] = reading  # one assignment: readers see the old reading or this one
     return reading
 
 
@@ -99,23 +97,11 @@ def kept_fresh_by_caller() -> None:
     _lazy = False
 
 
-def offset(using: str | None = None) -> float:
-    """Seconds the database's clock is ahead of this host's (0.0 where the host's decides)."""
-    alias = queue_alias(using)
-    now(alias)  # a reading, if none is kept yet
-    reading = _readings.get(alias)
-    return reading.offset if isinstance(reading, Reading) else 0.0
-
-
 def _refresh(alias: str, last: Reading | None) -> Reading | None:
     """Read the clock through the calling thread's Django connection; on a database error keep
     ``last`` (which may be None: then the host's clock serves until a reading succeeds)."""
-    conn = connections[alias]
-    if backend_for(conn).features.server_clock_sql is None:
-        _readings[alias] = None
-        return None
     try:
-        return read(conn)
+        return read(connections[alias])
     except DatabaseError as exc:
         logger.debug("could not read the database's clock (%s): %s", alias, exc)
         return last
@@ -147,8 +133,7 @@ def warn_if_off(reading: Reading | None, last_warned: float | None) -> float | N
 
 def forget() -> None:
     """Drop every kept reading (tests; a process that changed its DATABASES)."""
-    with _lock:
-        _readings.clear()
+    _readings.clear()
 
 
 __all__ = [
@@ -159,7 +144,6 @@ __all__ = [
     "forget",
     "kept_fresh_by_caller",
     "now",
-    "offset",
     "read",
     "warn_if_off",
 ]
