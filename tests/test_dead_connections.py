@@ -76,7 +76,16 @@ def test_a_worker_whose_connections_die_silently_resumes_on_new_ones(tmp_path, p
     started.append(w)
     w.started()
     rws.enqueue("test.record", "before")
-    wait_for(lambda: run_counts() == {"before": 1}, 30, what=f"the first job:\n{w.output()}")
+    # The completer opens its connection when it deletes the first job: wait for that, so that
+    # every connection the worker holds is open before they are cut.
+    wait_for(
+        lambda: run_counts() == {"before": 1} and not Job.objects.exists(),
+        30,
+        what=f"the first job:\n{w.output()}",
+    )
+    wait_for(lambda: len(proxy.client_ports()) >= 2, 10, what=f"two connections:\n{w.output()}")
+    held = rws.enqueue("test.start_then_sleep", "4")
+    wait_for(lambda: Run.objects.filter(kind="start").exists(), 30, what=f"the held job:\n{w.output()}")
     if how == "frozen":
         assert proxy.freeze() >= 2  # the dispatcher's, the completer's, the keeper's...
     else:
@@ -89,6 +98,11 @@ def test_a_worker_whose_connections_die_silently_resumes_on_new_ones(tmp_path, p
     wait_for(lambda: len(run_counts()) == 21, 60, what=f"the jobs enqueued after the freeze:\n{w.output()}")
     assert time.monotonic() - frozen_at < jobs["LEASE_SECONDS"], w.output()
     assert set(run_counts().values()) == {1}
+    # The held job's lease outlives the cut: the worker renews it and records its end on new
+    # connections, and nobody runs it twice (test_a_partition... has the lease run out).
+    wait_for(lambda: not Job.objects.filter(id=held).exists(), 30, what=f"the held job's end:\n{w.output()}")
+    assert Run.objects.filter(kind="start").count() == 1
+    assert "its lease ran out" not in w.output()
     assert "taken for dead" in w.output()
     assert w.proc.poll() is None
 
