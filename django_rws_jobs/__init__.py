@@ -29,6 +29,9 @@ __all__ = [
     "delete",
     "tick",
     "tick_schedules",
+    "pause_queue",
+    "resume_queue",
+    "paused_queues",
     "JobTimeout",
 ]
 
@@ -116,3 +119,24 @@ def tick_schedules(
     from .schedules import tick_schedules as _tick_schedules
 
     return _tick_schedules(now, using=using, schedules=schedules)
+
+
+def pause_queue(name: str, *, using: str | None = None) -> None:
+    """Stop every worker from claiming jobs of queue ``name`` until ``resume_queue(name)``."""
+    from .queues import pause_queue as _pause
+
+    _pause(name, using=using)
+
+
+def resume_queue(name: str, *, using: str | None = None) -> None:
+    """Let workers claim jobs of queue ``name`` again; idle workers are woken."""
+    from .queues import resume_queue as _resume
+
+    _resume(name, using=using)
+
+
+def paused_queues(*, using: str | None = None) -> list[str]:
+    """The names of the paused queues, in name order."""
+    from .queues import paused_queues as _paused
+
+    return _paused(using=using)

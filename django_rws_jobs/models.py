@@ -172,6 +172,25 @@ class JobSchedule(models.Model):
         return self.name
 
 
+class Queue(models.Model):
+    """One row of ``rws_queues``: what an operator set on a queue (a pause). A queue needs no row to
+    exist: jobs name their queue, and a queue without a row is not paused."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    paused = models.BooleanField(db_default=False, default=False)
+    paused_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds: last paused"))
+
+    class Meta:
+        db_table = "rws_queues"
+        verbose_name = _("queue")
+        verbose_name_plural = _("queues")
+        default_permissions = ()
+        permissions = [("pause_queue", _("Can pause and resume queues"))]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class TaskResultRecord(models.Model):
     """One row of ``rws_task_results``: a task that succeeded, written in the transaction that
     deleted its job row (tasks/outcomes.py)."""

@@ -25,8 +25,13 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     require_valid_settings()
     store = Store(connections[alias])
     lease = int(jobs_settings.LEASE_SECONDS)
+    from .queues import NONE_UNPAUSED, QueueFilter
+
+    serving = QueueFilter(queues).current(store)  # paused queues left out
+    if serving is NONE_UNPAUSED:
+        return False
     now = int(clock.now(alias))
-    claimed = store.claim(ids.claim_token(), now, now + lease, queues, 1)
+    claimed = store.claim(ids.claim_token(), now, now + lease, serving, 1)
     if not claimed:
         return False
     with _renewing(alias, claimed[0].token, lease):

@@ -90,3 +90,12 @@ def runs():
         return [(r.kind, r.payload) for r in qs]
 
     return get
+
+
+@pytest.fixture
+def started():
+    """Worker processes a test started (tests.test_worker.WorkerProcess); killed at its end."""
+    procs: list = []
+    yield procs
+    for w in procs:
+        w.stop()

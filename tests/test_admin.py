@@ -568,6 +568,56 @@ def test_overview_is_linked_from_the_queue_pages(admin_client):
     assert f'href="{DEAD}"' in page and "No jobs in any queue." in page
 
 
+PAUSE = reverse("admin:django_rws_jobs_job_overview_pause")
+
+
+def test_overview_pauses_and_resumes_a_queue(admin_client):
+    make_job("a1", due=now() - 5)
+    page = admin_client.get(OVERVIEW).content.decode()
+    assert f'action="{PAUSE}"' in page and 'value="pause"' in page and "csrfmiddlewaretoken" in page
+    response = admin_client.post(PAUSE, {"queue": "default", "action": "pause"})
+    assert response.status_code == 302 and response["Location"] == OVERVIEW
+    assert rws.paused_queues() == ["default"]
+    assert "Paused queue default" in str(list(get_messages(response.wsgi_request))[0])
+    rws.pause_queue("idle")  # paused, no job: still listed, so it can be resumed
+    rows = {r["stats"].queue: r for r in admin_client.get(OVERVIEW).context["rows"]}
+    assert rows["default"]["paused"] and rows["idle"]["paused"]
+    page = admin_client.get(OVERVIEW).content.decode()
+    assert page.count('value="resume"') == 2 and 'value="pause"' not in page
+    admin_client.post(PAUSE, {"queue": "default", "action": "resume"})
+    assert rws.paused_queues() == ["idle"]
+
+
+def test_overview_pause_refuses_bad_input_by_name(admin_client):
+    for data, message in (
+        ({"queue": "a,b", "action": "pause"}, "contains a comma"),
+        ({"queue": "", "action": "pause"}, "must not be empty"),
+        ({"queue": "x", "action": "stop"}, "Unknown action 'stop'"),
+    ):
+        response = admin_client.post(PAUSE, data)
+        assert response.status_code == 302
+        assert message in str(list(get_messages(response.wsgi_request))[-1])
+    assert rws.paused_queues() == []
+    assert admin_client.get(PAUSE).status_code == 403  # POST only
+
+
+def test_overview_pause_needs_its_permission_and_a_csrf_token(client, django_user_model):
+    staff = django_user_model.objects.create_user("viewer-pause", password="pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(staff)
+    make_job("a1")
+    assert 'value="pause"' not in client.get(OVERVIEW).content.decode()
+    assert client.post(PAUSE, {"queue": "default", "action": "pause"}).status_code == 403
+    staff.user_permissions.add(Permission.objects.get(codename="pause_queue"))
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(staff)
+    assert 'value="pause"' in strict.get(OVERVIEW).content.decode()
+    assert strict.post(PAUSE, {"queue": "default", "action": "pause"}).status_code == 403  # no token
+    assert rws.paused_queues() == []
+    assert client.post(PAUSE, {"queue": "default", "action": "pause"}).status_code == 302
+    assert rws.paused_queues() == ["default"]
+
+
 # ---- schedules ----------------------------------------------------------------------------
 
 SCHEDULE_SETTINGS = {

@@ -148,9 +148,17 @@ def test_overview_page(page, live_server):
     page.click("#content >> text=Queue overview")  # the link on the jobs page, not the sidebar
     page.wait_for_selector("#rws-queues")
     mailers = page.locator("#rws-queues tr[data-queue=mailers] td")
-    assert [mailers.nth(i).inner_text() for i in (0, 1, 2)] == ["17", "5", "2 min"]
+    assert [mailers.nth(i).inner_text() for i in (1, 2, 3)] == ["17", "5", "2 min"]
     assert page.locator(".rws-chart .row").count() == 3
+    # Pause and resume with the row's button (a POST with the CSRF token).
+    page.click("#rws-queues tr[data-queue=mailers] button[value=pause]")
+    page.wait_for_selector("text=Paused queue mailers")
+    assert rws.paused_queues() == ["mailers"]
+    assert mailers.nth(0).inner_text().startswith("paused")
     screenshot(page, "admin-overview.png")
-    page.click("#rws-queues tr[data-queue=mailers] td:nth-of-type(2) a")  # the "due now" count
+    page.click("#rws-queues tr[data-queue=mailers] button[value=resume]")
+    page.wait_for_selector("text=Resumed queue mailers")
+    assert rws.paused_queues() == []
+    page.click("#rws-queues tr[data-queue=mailers] td:nth-of-type(3) a")  # the "due now" count
     page.wait_for_selector("#result_list")
     assert page.locator("#result_list tbody tr").count() == 5

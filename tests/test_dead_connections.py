@@ -41,14 +41,6 @@ def ProxiedWorker(tmp_path, proxy: Proxy, *args: str, jobs: dict) -> WorkerProce
 
 
 @pytest.fixture
-def started(tmp_path):
-    procs: list[WorkerProcess] = []
-    yield procs
-    for w in procs:
-        w.stop()
-
-
-@pytest.fixture
 def dropped():
     """Drop every packet of the given loopback source ports, both ways (iptables), until the end."""
     rules: list[list[str]] = []

@@ -7,7 +7,7 @@ from typing import Any, cast
 from django.contrib import admin
 from django.contrib.admin.utils import quote, unquote
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
@@ -226,11 +226,20 @@ class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
         info = self.opts.app_label, self.opts.model_name
         view = self.admin_site.admin_view(self.overview_view)
         # Before the default URLs, whose "<path:object_id>/" would take "overview/" for a job id.
-        return [path("overview/", view, name="{}_{}_overview".format(*info)), *super().get_urls()]
+        pause = self.admin_site.admin_view(self.pause_view)
+        return [
+            path("overview/", view, name="{}_{}_overview".format(*info)),
+            path("overview/pause/", pause, name="{}_{}_overview_pause".format(*info)),
+            *super().get_urls(),
+        ]
 
     def overview_view(self, request: HttpRequest) -> TemplateResponse:
         """Per queue: pending, due now, running, failed, and how long the oldest due job has waited."""
         return overview.render(request, self)
+
+    def pause_view(self, request: HttpRequest) -> HttpResponseRedirect:
+        """POST: pause or resume a queue (the overview's buttons; permission pause_queue)."""
+        return overview.change_pause(request, self)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
         context = {**links(request, self), "title": _("Jobs")}

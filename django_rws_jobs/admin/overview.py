@@ -6,17 +6,19 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils.translation import gettext as _
 
 from .. import humanize
 from ..db import queue_alias
 from ..exceptions import TIMED_OUT
 from ..models import Job, Status
+from ..queues import pause_queue, paused_queues, resume_queue
 from .common import COUNT_CAP, links, now
 
 #: The bar segments, in drawing order: (attribute, label, CSS class).
@@ -138,11 +140,45 @@ def _bars(stats: list[QueueStats]) -> list[dict[str, Any]]:
     return out
 
 
+#: The permission the pause and resume buttons need (models.Queue's Meta.permissions).
+PAUSE_PERMISSION = "django_rws_jobs.pause_queue"
+
+
+def change_pause(request: HttpRequest, model_admin: admin.ModelAdmin) -> HttpResponseRedirect:
+    """POST ``queue`` and ``action`` (pause or resume); back to the overview with a message."""
+    if request.method != "POST":
+        raise PermissionDenied
+    if not (model_admin.has_view_permission(request) and request.user.has_perm(PAUSE_PERMISSION)):
+        raise PermissionDenied
+    action, name = request.POST.get("action"), request.POST.get("queue", "")
+    back = HttpResponseRedirect(_url(model_admin, "job_overview"))
+    if action not in ("pause", "resume"):
+        model_admin.message_user(request, _("Unknown action %(a)r.") % {"a": action}, messages.ERROR)
+        return back
+    try:
+        (pause_queue if action == "pause" else resume_queue)(name, using=queue_alias())
+    except (TypeError, ValueError) as exc:
+        model_admin.message_user(request, str(exc), messages.ERROR)
+        return back
+    done = _("Paused queue %(q)s: workers claim none of its jobs until it is resumed; running jobs finish.")
+    if action == "resume":
+        done = _("Resumed queue %(q)s.")
+    model_admin.message_user(request, done % {"q": name}, messages.SUCCESS)
+    return back
+
+
+def _url(model_admin: admin.ModelAdmin, name: str) -> str:
+    return reverse(f"admin:django_rws_jobs_{name}", current_app=model_admin.admin_site.name)
+
+
 def render(request: HttpRequest, model_admin: admin.ModelAdmin) -> TemplateResponse:
     if not model_admin.has_view_permission(request):
         raise PermissionDenied
     at = now()
     stats = queue_stats(at)
+    paused = set(paused_queues(using=queue_alias()))
+    idle_paused = paused - {s.queue for s in stats}  # no job: listed still, so it can be resumed
+    stats = sorted([*stats, *map(QueueStats, idle_paused)], key=lambda s: s.queue)
     context: dict[str, Any] = {**links(request, model_admin)}
     jobs_url, dead_url = context["jobs_url"], context["dead_letter_url"]
 
@@ -163,6 +199,7 @@ def render(request: HttpRequest, model_admin: admin.ModelAdmin) -> TemplateRespo
                 "stuck_url": link(jobs_url, queue=s.queue, due="lease_expired"),
                 "failed_url": link(dead_url, queue=s.queue),
                 "shown": {f: shown(getattr(s, f)) for f in COUNTS},
+                "paused": s.queue in paused,
             }
         )
     totals = {f: sum(getattr(s, f) for s in stats) for f in COUNTS}
@@ -179,6 +216,8 @@ def render(request: HttpRequest, model_admin: admin.ModelAdmin) -> TemplateRespo
             "bars": _bars(stats),
             "legend": [{"css": css, "label": label} for _attr, label, css in SEGMENTS],
             "as_of": humanize.absolute(at),
+            "can_pause": request.user.has_perm(PAUSE_PERMISSION),
+            "pause_url": _url(model_admin, "job_overview_pause"),
         }
     )
     request.current_app = model_admin.admin_site.name

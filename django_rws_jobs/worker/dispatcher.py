@@ -11,8 +11,9 @@ from ..backends import BaseFeatures
 from ..conf import jobs_settings
 from ..db import is_transient
 from ..ids import claim_token
+from ..queues import NONE_UNPAUSED, QueueFilter
 from ..reconnect import Connection, Retry
-from ..store import Claimed
+from ..store import Claimed, Store
 from .shared import Shared, outcomes
 
 #: Jobs shorter than this (seconds, on average) are claimed for several idle executors at once.
@@ -38,7 +39,7 @@ class Dispatcher:
     ):
         self.shared = shared
         self.features = features
-        self.queues = queues
+        self.queues = QueueFilter(queues)
         self.burst = burst
         self.max_jobs = max_jobs
         self.poll_interval = poll_interval
@@ -118,9 +119,7 @@ class Dispatcher:
         token = claim_token()
         try:
             done, claimed = self.db.until_stopped(
-                lambda c: c.store().finish_and_claim(
-                    finished, token, now, lease_end, self.queues, n, probe_first=idle
-                ),
+                lambda c: self._finish_and_claim(c.store(), finished, token, now, lease_end, n, idle),
                 "claiming",
             )
         except DatabaseError as exc:
@@ -141,7 +140,19 @@ class Dispatcher:
         # Woken by a hint (NOTIFY, a job enqueued in this process, another process's write on
         # SQLite), claim straight away; after a plain poll interval, look with read-only
         # statements first.
-        return not self._idle_wait()
+        woken = self._idle_wait()
+        self.queues.recheck = woken  # a resume's hint: read the pauses before claiming
+        return not woken
+
+    def _finish_and_claim(
+        self, store: Store, finished: list[Claimed], token: str, now: int, lease_end: int, n: int, idle: bool
+    ) -> tuple[set[str], list[Claimed]]:
+        """store.finish_and_claim from the queues that are not paused; with all paused, only the
+        deletions."""
+        queues = self.queues.current(store)
+        if queues is NONE_UNPAUSED:
+            return (store.complete_many(finished) if finished else set()), []
+        return store.finish_and_claim(finished, token, now, lease_end, queues, n, probe_first=idle)
 
     def _hand_out(self, claimed: list[Claimed]) -> bool | None:
         shared = self.shared

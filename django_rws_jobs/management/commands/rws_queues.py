@@ -1,0 +1,62 @@
+"""python manage.py rws_queues list | pause NAME... | resume NAME...: the queues, their counts and pauses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_rws_jobs import clock
+from django_rws_jobs.admin.overview import queue_stats, shown
+from django_rws_jobs.db import queue_alias
+from django_rws_jobs.models import Queue
+from django_rws_jobs.queues import pause_queue, resume_queue
+from django_rws_jobs.validation import queue_name
+
+COLUMNS = ("QUEUE", "STATE", "DUE", "LATER", "RUNNING", "FAILED")
+
+
+class Command(BaseCommand):
+    help = (
+        "List the queues with their counts and whether they are paused, or pause or resume queues. "
+        "A paused queue's jobs wait, on every worker, until it is resumed; running jobs finish."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
+        actions = parser.add_subparsers(dest="action", required=True, metavar="{list,pause,resume}")
+        actions.add_parser("list", help="each queue: paused or not, due, later, running and failed jobs")
+        for verb in ("pause", "resume"):
+            sub = actions.add_parser(verb, help=f"{verb} the named queues")
+            sub.add_argument("names", nargs="+", metavar="NAME")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            alias = queue_alias(options["database"])
+            if options["action"] == "list":
+                self._list(alias)
+                return
+            names = [queue_name(n) for n in options["names"]]
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        change = pause_queue if options["action"] == "pause" else resume_queue
+        for name in names:
+            change(name, using=alias)
+            self.stdout.write(f"{options['action']}d {name}")
+
+    def _list(self, alias: str) -> None:
+        at = int(clock.now(alias))
+        stats = {s.queue: s for s in queue_stats(at, using=alias)}
+        paused = dict(Queue.objects.using(alias).values_list("name", "paused"))
+        names = sorted(set(stats) | {name for name, p in paused.items() if p})
+        if not names:
+            self.stdout.write("No queues: no job is stored and none is paused.")
+            return
+        rows: list[tuple[str, ...]] = [COLUMNS]
+        for name in names:
+            s = stats.get(name)
+            counts = [shown(getattr(s, f)) if s else "0" for f in ("due", "later", "running", "failed")]
+            rows.append((name, "paused" if paused.get(name) else "active", *counts))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+        for r in rows:
+            self.stdout.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
