@@ -618,6 +618,19 @@ def test_overview_pause_needs_its_permission_and_a_csrf_token(client, django_use
     assert rws.paused_queues() == ["default"]
 
 
+def test_a_job_page_says_when_its_paused_queue_holds_it_back(admin_client):
+    make_job("due1", due=now() - 5, queue="mail")
+    make_job("later1", due=now() + 600, queue="mail")
+
+    def page(pk: str) -> str:
+        return admin_client.get(reverse("admin:django_rws_jobs_job_change", args=[pk])).content.decode()
+
+    assert "rws-waits-for" not in page("due1")
+    rws.pause_queue("mail")
+    assert "its queue mail is paused" in page("due1")
+    assert "rws-waits-for" not in page("later1")  # not due: the pause is not why it waits
+
+
 # ---- schedules ----------------------------------------------------------------------------
 
 SCHEDULE_SETTINGS = {

@@ -16,7 +16,9 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import humanize
 from ..conf import jobs_settings
+from ..db import queue_alias
 from ..models import Job, JobQuerySet, Status
+from ..queues import paused_queues
 from ..registry import registry, time_limit
 from . import overview
 from .common import (
@@ -206,6 +208,15 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
     list_per_page = 50
 
 
+def waits_for(job: Job) -> str | None:
+    """Why a due pending job has not started, when the queue holds it back (None otherwise)."""
+    if job.next_run_at > now() or job.queue not in paused_queues(using=queue_alias()):
+        return None
+    return _("Due, and waiting: its queue %(q)s is paused. It starts once the queue is resumed.") % {
+        "q": job.queue
+    }
+
+
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
     """Every job, view only: jobs change through the queue's API, the worker and the dead-letter list."""
@@ -261,4 +272,6 @@ class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
                 args=[quote(obj.pk)],
                 current_app=self.admin_site.name,
             )
+        if obj is not None and obj.status == Status.PENDING:
+            context["waits_for"] = waits_for(obj)
         return super().change_view(request, object_id, form_url, {**context, **(extra_context or {})})
