@@ -111,6 +111,45 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         value = getattr(jobs_settings, key)
         if not test(value):
             messages.append(Error(f"RWS_JOBS[{key!r}] is {show(value)}; it must be {must}", id=check_id))
+    return messages + check_queue_limits(jobs_settings.QUEUES)
+
+
+def check_queue_limits(raw: Any) -> list[Any]:
+    """RWS_JOBS["QUEUES"]: E018 its shape, names and keys; E019 a concurrency; E020 a rate limit."""
+    from .limits import KEYS, parse_concurrency, parse_rate
+    from .validation import queue_name
+
+    if not isinstance(raw, dict):
+        return [
+            Error(
+                f"RWS_JOBS['QUEUES'] must be a dict of queue name -> limits, got {show(raw)}",
+                id="rws_jobs.E018",
+            )
+        ]
+    messages: list[Any] = []
+    for name, value in raw.items():
+        where = f"RWS_JOBS['QUEUES'][{show(name)}]"
+        try:
+            queue_name(name, "RWS_JOBS['QUEUES'] key")
+            if not isinstance(value, dict):
+                raise TypeError(
+                    f"{where} must be a dict with 'concurrency' and/or 'rate_limit', got {show(value)}"
+                )
+            unknown = sorted(map(repr, set(value) - set(KEYS)))
+            if unknown:
+                raise ValueError(f"{where} has unknown keys {', '.join(unknown)}; known: {', '.join(KEYS)}")
+        except (TypeError, ValueError) as exc:
+            messages.append(Error(str(exc), id="rws_jobs.E018"))
+            continue
+        for check_id, key, parse in (
+            ("rws_jobs.E019", "concurrency", parse_concurrency),
+            ("rws_jobs.E020", "rate_limit", parse_rate),
+        ):
+            if value.get(key) is not None:
+                try:
+                    parse(value[key], f"{where}[{key!r}]")
+                except (TypeError, ValueError) as exc:
+                    messages.append(Error(str(exc), id=check_id))
     return messages
 
 

@@ -33,6 +33,8 @@ DEFAULTS: dict[str, Any] = {
     # Seconds one of the worker's own database calls may go unanswered before its connection is
     # taken for dead, closed and opened again (deadline.py); None turns the deadline off.
     "STATEMENT_DEADLINE": 20,
+    # Queue limits, across every worker: {"mailers": {"concurrency": 10, "rate_limit": "100/m"}}.
+    "QUEUES": {},
 }
 
 

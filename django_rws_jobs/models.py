@@ -173,12 +173,17 @@ class JobSchedule(models.Model):
 
 
 class Queue(models.Model):
-    """One row of ``rws_queues``: what an operator set on a queue (a pause). A queue needs no row to
-    exist: jobs name their queue, and a queue without a row is not paused."""
+    """One row of ``rws_queues``: what an operator set on a queue (a pause), and the bookkeeping of
+    its rate limit. A queue needs no row to exist: jobs name their queue, and a queue without a
+    row is not paused."""
 
     name = models.CharField(max_length=64, primary_key=True)
     paused = models.BooleanField(db_default=False, default=False)
     paused_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds: last paused"))
+    # A rate limit's bookkeeping (RWS_JOBS["QUEUES"]): the current window's start and the jobs
+    # claimed in it, written by the claims of the queue under its row's lock (Store.claim_limited).
+    window_start = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds"))
+    window_claims = models.IntegerField(db_default=0, default=0)
 
     class Meta:
         db_table = "rws_queues"

@@ -1,4 +1,5 @@
-"""Pausing queues: pause_queue, resume_queue, paused_queues, and the queues a worker claims from.
+"""Pausing queues: pause_queue, resume_queue, paused_queues, and the queues a worker claims from
+(the limited queues of RWS_JOBS["QUEUES"] apart: limited_claims.py claims those).
 
 A pause is a row of ``rws_queues`` with ``paused`` set, so it holds for every worker on every
 machine and survives restarts. Workers read the paused queues at most QueueFilter.REFRESH seconds
@@ -20,6 +21,7 @@ from django.db import connections, transaction
 from . import clock, wakeup
 from .backends import backend_for
 from .db import queue_alias
+from .limits import QueueLimits, configured
 from .models import Queue
 from .validation import queue_name
 
@@ -93,10 +95,14 @@ class QueueFilter:
     #: The longest time (seconds) between two reads of the paused queues.
     REFRESH = 1.0
 
-    def __init__(self, queues: Sequence[str] | None):
+    def __init__(self, queues: Sequence[str] | None, limits: dict[str, QueueLimits] | None = None):
         self.own = list(queues) if queues is not None else None
         self.queues: list[str] | None = self.own
         self.paused: frozenset[str] = frozenset()
+        #: RWS_JOBS["QUEUES"]'s limits: their queues are claimed by claim_limited, one at a time.
+        self.limits = configured() if limits is None else limits
+        #: The limited queues this worker serves that are not paused (claim_limited's).
+        self.limited: list[str] = []
         self.read_at = -math.inf
         #: Read again before the next claim, whatever the time (set when a hint woke the worker).
         self.recheck = False
@@ -109,12 +115,14 @@ class QueueFilter:
         with store.cursor() as c:
             c.execute("SELECT name FROM rws_queues WHERE paused = %s", [True])
             paused = frozenset(row[0] for row in c.fetchall())
-            if not paused:
+            left_out = paused | set(self.limits)
+            if not left_out:
                 self.queues = self.own
             elif self.own is not None:
-                self.queues = [q for q in self.own if q not in paused] or NONE_UNPAUSED
+                self.queues = [q for q in self.own if q not in left_out] or NONE_UNPAUSED
             else:
-                self.queues = [q for q in pending_queues(c) if q not in paused] or NONE_UNPAUSED
+                self.queues = [q for q in pending_queues(c) if q not in left_out] or NONE_UNPAUSED
+        self.limited = [q for q in self.limits if q not in paused and (self.own is None or q in self.own)]
         self.paused = paused
         self.read_at = time.monotonic()
         self.recheck = False

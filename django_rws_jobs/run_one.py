@@ -25,13 +25,18 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     require_valid_settings()
     store = Store(connections[alias])
     lease = int(jobs_settings.LEASE_SECONDS)
+    from .limited_claims import claim_limited
     from .queues import NONE_UNPAUSED, QueueFilter
 
-    serving = QueueFilter(queues).current(store)  # paused queues left out
-    if serving is NONE_UNPAUSED:
-        return False
+    serving = QueueFilter(queues)
+    unlimited = serving.current(store)  # paused and limited queues left out
     now = int(clock.now(alias))
-    claimed = store.claim(ids.claim_token(), now, now + lease, serving, 1)
+    token = ids.claim_token()
+    claimed = [] if unlimited is NONE_UNPAUSED else store.claim(token, now, now + lease, unlimited, 1)
+    for queue in serving.limited:
+        if claimed:
+            break
+        claimed = claim_limited(store, queue, serving.limits[queue], token, now, now + lease, 1)[0]
     if not claimed:
         return False
     with _renewing(alias, claimed[0].token, lease):

@@ -49,6 +49,8 @@ class BaseFeatures:
     max_query_params: int | None = None
     #: Appended to the unique-key lookup to read the latest commit under a lock ("" for none).
     shared_lock = ""
+    #: Appended to a SELECT to lock its row for an update ("" where the transaction locks the file).
+    row_lock = ""
     #: The driver connection takes several statements in one call (asked of the open connection).
     sends_several_statements = False
     #: A rust-web-server table is adopted by rebuilding it in the migration's transaction, as

@@ -47,6 +47,7 @@ DEAD_PEER_OPTIONS = {"connect_timeout": 10, "read_timeout": 10, "write_timeout":
 class MySQLFeatures(BaseFeatures):
     resumes_claims = True
     shared_lock = " LOCK IN SHARE MODE"
+    row_lock = " FOR UPDATE"
     # SYSDATE(6), not NOW(6): the time it runs, not the statement's start; UNIX_TIMESTAMP of it
     # does not depend on the session's time_zone.
     server_clock_sql = "SELECT UNIX_TIMESTAMP(SYSDATE(6))"

@@ -42,6 +42,7 @@ class PostgreSQLFeatures(BaseFeatures):
     wakeup = "listen"
     max_query_params = 65_535  # the protocol's limit
     shared_lock = " FOR SHARE"
+    row_lock = " FOR UPDATE"
     # clock_timestamp(), not now(): inside a transaction now() is the transaction's start.
     server_clock_sql = "SELECT EXTRACT(EPOCH FROM clock_timestamp())"
 

@@ -1,5 +1,6 @@
-# rws_queues: what an operator set on a queue (a pause). Ours alone: the Rust crate knows no such
-# table, and its workers must be given queues that are never paused (docs/design.md).
+# rws_queues: what an operator set on a queue (a pause) and its rate limit's window. Ours alone:
+# the Rust crate knows no such table, and its workers must be given queues that are never paused
+# and have no limits (docs/design.md).
 
 from django.db import migrations, models
 
@@ -19,6 +20,8 @@ class Migration(migrations.Migration):
                     "paused_at",
                     models.BigIntegerField(blank=True, help_text="unix seconds: last paused", null=True),
                 ),
+                ("window_start", models.BigIntegerField(blank=True, help_text="unix seconds", null=True)),
+                ("window_claims", models.IntegerField(db_default=0, default=0)),
             ],
             options={
                 "verbose_name": "queue",

@@ -11,6 +11,7 @@ from ..backends import BaseFeatures
 from ..conf import jobs_settings
 from ..db import is_transient
 from ..ids import claim_token
+from ..limited_claims import claim_limited
 from ..queues import NONE_UNPAUSED, QueueFilter
 from ..reconnect import Connection, Retry
 from ..store import Claimed, Store
@@ -40,6 +41,9 @@ class Dispatcher:
         self.shared = shared
         self.features = features
         self.queues = QueueFilter(queues)
+        #: Due jobs of a limited queue were left for its limits at the last claim.
+        self.held_back = False
+        self.turn = 0
         self.burst = burst
         self.max_jobs = max_jobs
         self.poll_interval = poll_interval
@@ -136,7 +140,7 @@ class Dispatcher:
         if claimed:
             return self._hand_out(claimed)
         if self.burst:
-            return self._burst_wait(busy)
+            return self._burst_wait(busy or self.held_back)
         # Woken by a hint (NOTIFY, a job enqueued in this process, another process's write on
         # SQLite), claim straight away; after a plain poll interval, look with read-only
         # statements first.
@@ -147,12 +151,38 @@ class Dispatcher:
     def _finish_and_claim(
         self, store: Store, finished: list[Claimed], token: str, now: int, lease_end: int, n: int, idle: bool
     ) -> tuple[set[str], list[Claimed]]:
-        """store.finish_and_claim from the queues that are not paused; with all paused, only the
-        deletions."""
-        queues = self.queues.current(store)
+        """store.finish_and_claim from the queues that are neither paused nor limited (with none
+        such, only the deletions), then claims of the limited queues for what is left of ``n``."""
+        serving = self.queues
+        queues = serving.current(store)
+        done: set[str]
+        claimed: list[Claimed]
         if queues is NONE_UNPAUSED:
-            return (store.complete_many(finished) if finished else set()), []
-        return store.finish_and_claim(finished, token, now, lease_end, queues, n, probe_first=idle)
+            done, claimed = (store.complete_many(finished) if finished else set()), []
+        else:
+            done, claimed = store.finish_and_claim(
+                finished, token, now, lease_end, queues, n, probe_first=idle
+            )
+        self.held_back = False
+        if serving.limited and len(claimed) < n:
+            claimed += self._claim_limited(store, token, now, lease_end, n - len(claimed))
+        return done, claimed
+
+    def _claim_limited(self, store: Store, token: str, now: int, lease_end: int, n: int) -> list[Claimed]:
+        """Claims of the limited queues, each in its own transaction, starting from a different
+        queue each time so that none of them goes last for ever."""
+        serving = self.queues
+        self.turn = (self.turn + 1) % len(serving.limited)
+        claimed: list[Claimed] = []
+        for queue in serving.limited[self.turn :] + serving.limited[: self.turn]:
+            if len(claimed) >= n:
+                break
+            got, left = claim_limited(
+                store, queue, serving.limits[queue], token, now, lease_end, n - len(claimed)
+            )
+            claimed += got
+            self.held_back = self.held_back or left
+        return claimed
 
     def _hand_out(self, claimed: list[Claimed]) -> bool | None:
         shared = self.shared

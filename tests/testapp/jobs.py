@@ -30,6 +30,15 @@ def sleep(payload: str) -> None:
     _trace("end", payload)
 
 
+@job("test.span")
+def span(payload: str) -> None:
+    """Payload "<label> <seconds>": a start trace, a sleep, an end trace, each under the label."""
+    label, seconds = payload.split()
+    _trace("start", label)
+    time.sleep(float(seconds))
+    _trace("end", label)
+
+
 @job("test.start_then_sleep")
 def start_then_sleep(payload: str) -> None:
     """Leaves its start trace, then touches no database: a partition does not hang its end."""

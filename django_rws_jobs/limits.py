@@ -1,0 +1,82 @@
+"""Queue limits: ``RWS_JOBS["QUEUES"] = {"mailers": {"concurrency": 10, "rate_limit": "100/m"}}``.
+
+Parsing and checking only; the claim that keeps them is Store.claim_limited. This module imports
+no model, so the system checks can use it before the app registry is ready.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .validation import queue_name, show
+
+#: A rate limit's unit and its window in seconds (Celery's notation).
+PERIODS = {"s": 1, "m": 60, "h": 3600}
+MAX_CONCURRENCY = 100_000
+MAX_RATE = 1_000_000
+KEYS = ("concurrency", "rate_limit")
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueLimits:
+    """At most ``concurrency`` running jobs (None: no limit) and at most ``rate`` claims per
+    window of ``period`` seconds (None: no limit), across every worker."""
+
+    concurrency: int | None = None
+    rate: int | None = None
+    period: int = 1
+
+
+def parse_rate(value: Any, name: str) -> tuple[int, int]:
+    """``"N/s"``, ``"N/m"`` or ``"N/h"`` -> (N, window seconds); TypeError/ValueError naming the value."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str such as '100/m', got {type(value).__name__} {show(value)}")
+    count, _, unit = value.strip().partition("/")
+    if unit not in PERIODS or not count.isdigit():
+        raise ValueError(f"{name} is {show(value)}; it must be N/s, N/m or N/h, such as '100/m'")
+    n = int(count)
+    if not 1 <= n <= MAX_RATE:
+        raise ValueError(f"{name} is {show(value)}; N must be in [1, {MAX_RATE}]")
+    return n, PERIODS[unit]
+
+
+def parse_limits(name: str, value: Any) -> QueueLimits:
+    where = f"RWS_JOBS['QUEUES'][{name!r}]"
+    if not isinstance(value, dict):
+        raise TypeError(f"{where} must be a dict with 'concurrency' and/or 'rate_limit', got {show(value)}")
+    unknown = sorted(map(repr, set(value) - set(KEYS)))
+    if unknown:
+        raise ValueError(f"{where} has unknown keys {', '.join(unknown)}; known: {', '.join(KEYS)}")
+    concurrency = parse_concurrency(value.get("concurrency"), f"{where}['concurrency']")
+    rate, period = (None, 1)
+    if value.get("rate_limit") is not None:
+        rate, period = parse_rate(value["rate_limit"], f"{where}['rate_limit']")
+    return QueueLimits(concurrency, rate, period)
+
+
+def parse_concurrency(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
+        raise ValueError(f"{name} is {show(value)}; it must be an integer in [1, {MAX_CONCURRENCY}]")
+    return value
+
+
+def parse_queues(raw: Any) -> dict[str, QueueLimits]:
+    """RWS_JOBS["QUEUES"] -> queue name -> its limits (queues without a limit left out)."""
+    if not isinstance(raw, dict):
+        raise TypeError(f"RWS_JOBS['QUEUES'] must be a dict of queue name -> limits, got {show(raw)}")
+    limits = {}
+    for name, value in raw.items():
+        queue_name(name, "RWS_JOBS['QUEUES'] key")
+        parsed = parse_limits(name, value)
+        if parsed.concurrency is not None or parsed.rate is not None:
+            limits[name] = parsed
+    return limits
+
+
+def configured() -> dict[str, QueueLimits]:
+    from .conf import jobs_settings
+
+    return parse_queues(jobs_settings.QUEUES)
