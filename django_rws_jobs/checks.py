@@ -116,28 +116,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 
 def check_queue_limits(raw: Any) -> list[Any]:
     """RWS_JOBS["QUEUES"]: E018 its shape, names and keys; E019 a concurrency; E020 a rate limit."""
-    from .limits import KEYS, parse_concurrency, parse_rate
-    from .validation import queue_name
+    from .limits import entry_where, parse_concurrency, parse_rate, queues_dict
 
-    if not isinstance(raw, dict):
-        return [
-            Error(
-                f"RWS_JOBS['QUEUES'] must be a dict of queue name -> limits, got {show(raw)}",
-                id="rws_jobs.E018",
-            )
-        ]
+    try:
+        entries = queues_dict(raw)
+    except TypeError as exc:
+        return [Error(str(exc), id="rws_jobs.E018")]
     messages: list[Any] = []
-    for name, value in raw.items():
-        where = f"RWS_JOBS['QUEUES'][{show(name)}]"
+    for name, value in entries.items():
         try:
-            queue_name(name, "RWS_JOBS['QUEUES'] key")
-            if not isinstance(value, dict):
-                raise TypeError(
-                    f"{where} must be a dict with 'concurrency' and/or 'rate_limit', got {show(value)}"
-                )
-            unknown = sorted(map(repr, set(value) - set(KEYS)))
-            if unknown:
-                raise ValueError(f"{where} has unknown keys {', '.join(unknown)}; known: {', '.join(KEYS)}")
+            where = entry_where(name, value)
         except (TypeError, ValueError) as exc:
             messages.append(Error(str(exc), id="rws_jobs.E018"))
             continue

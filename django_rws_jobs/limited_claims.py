@@ -37,6 +37,28 @@ def claim_limited(
         return [], True
 
 
+def claim_limited_queues(
+    store: Any,
+    queues: list[str],
+    limits: dict[str, QueueLimits],
+    token: str,
+    now: int,
+    lease_until: int,
+    want: int,
+) -> tuple[list[Claimed], bool]:
+    """claim_limited for each of ``queues`` in turn until ``want`` jobs are claimed, each in its
+    own transaction. Returns the jobs and whether any queue left due jobs for its limits."""
+    claimed: list[Claimed] = []
+    held_back = False
+    for queue in queues:
+        if len(claimed) >= want:
+            break
+        got, left = claim_limited(store, queue, limits[queue], token, now, lease_until, want - len(claimed))
+        claimed += got
+        held_back = held_back or left
+    return claimed, held_back
+
+
 def _claim(
     c: Any, row_lock: str, queue: str, limits: QueueLimits, token: str, now: int, lease_until: int, want: int
 ) -> tuple[list[Claimed], bool]:

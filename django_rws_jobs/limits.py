@@ -1,6 +1,6 @@
 """Queue limits: ``RWS_JOBS["QUEUES"] = {"mailers": {"concurrency": 10, "rate_limit": "100/m"}}``.
 
-Parsing and checking only; the claim that keeps them is Store.claim_limited. This module imports
+Parsing and checking only; limited_claims.py keeps them. This module imports
 no model, so the system checks can use it before the app registry is ready.
 """
 
@@ -41,18 +41,23 @@ def parse_rate(value: Any, name: str) -> tuple[int, int]:
     return n, PERIODS[unit]
 
 
-def parse_limits(name: str, value: Any) -> QueueLimits:
-    where = f"RWS_JOBS['QUEUES'][{name!r}]"
+def queues_dict(raw: Any) -> dict[Any, Any]:
+    if not isinstance(raw, dict):
+        raise TypeError(f"RWS_JOBS['QUEUES'] must be a dict of queue name -> limits, got {show(raw)}")
+    return raw
+
+
+def entry_where(name: Any, value: Any) -> str:
+    """Check one entry's queue name, that it is a dict and that it has no unknown keys; return
+    the words that name it in messages."""
+    queue_name(name, "RWS_JOBS['QUEUES'] key")
+    where = f"RWS_JOBS['QUEUES'][{show(name)}]"
     if not isinstance(value, dict):
         raise TypeError(f"{where} must be a dict with 'concurrency' and/or 'rate_limit', got {show(value)}")
     unknown = sorted(map(repr, set(value) - set(KEYS)))
     if unknown:
         raise ValueError(f"{where} has unknown keys {', '.join(unknown)}; known: {', '.join(KEYS)}")
-    concurrency = parse_concurrency(value.get("concurrency"), f"{where}['concurrency']")
-    rate, period = (None, 1)
-    if value.get("rate_limit") is not None:
-        rate, period = parse_rate(value["rate_limit"], f"{where}['rate_limit']")
-    return QueueLimits(concurrency, rate, period)
+    return where
 
 
 def parse_concurrency(value: Any, name: str) -> int | None:
@@ -65,14 +70,15 @@ def parse_concurrency(value: Any, name: str) -> int | None:
 
 def parse_queues(raw: Any) -> dict[str, QueueLimits]:
     """RWS_JOBS["QUEUES"] -> queue name -> its limits (queues without a limit left out)."""
-    if not isinstance(raw, dict):
-        raise TypeError(f"RWS_JOBS['QUEUES'] must be a dict of queue name -> limits, got {show(raw)}")
     limits = {}
-    for name, value in raw.items():
-        queue_name(name, "RWS_JOBS['QUEUES'] key")
-        parsed = parse_limits(name, value)
-        if parsed.concurrency is not None or parsed.rate is not None:
-            limits[name] = parsed
+    for name, value in queues_dict(raw).items():
+        where = entry_where(name, value)
+        concurrency = parse_concurrency(value.get("concurrency"), f"{where}['concurrency']")
+        rate, period = (None, 1)
+        if value.get("rate_limit") is not None:
+            rate, period = parse_rate(value["rate_limit"], f"{where}['rate_limit']")
+        if concurrency is not None or rate is not None:
+            limits[name] = QueueLimits(concurrency, rate, period)
     return limits
 
 

@@ -25,7 +25,7 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     require_valid_settings()
     store = Store(connections[alias])
     lease = int(jobs_settings.LEASE_SECONDS)
-    from .limited_claims import claim_limited
+    from .limited_claims import claim_limited_queues
     from .queues import NONE_UNPAUSED, QueueFilter
 
     serving = QueueFilter(queues)
@@ -33,10 +33,8 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     now = int(clock.now(alias))
     token = ids.claim_token()
     claimed = [] if unlimited is NONE_UNPAUSED else store.claim(token, now, now + lease, unlimited, 1)
-    for queue in serving.limited:
-        if claimed:
-            break
-        claimed = claim_limited(store, queue, serving.limits[queue], token, now, now + lease, 1)[0]
+    if not claimed and serving.limited:
+        claimed = claim_limited_queues(store, serving.limited, serving.limits, token, now, now + lease, 1)[0]
     if not claimed:
         return False
     with _renewing(alias, claimed[0].token, lease):

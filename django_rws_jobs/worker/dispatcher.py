@@ -11,7 +11,7 @@ from ..backends import BaseFeatures
 from ..conf import jobs_settings
 from ..db import is_transient
 from ..ids import claim_token
-from ..limited_claims import claim_limited
+from ..limited_claims import claim_limited_queues
 from ..queues import NONE_UNPAUSED, QueueFilter
 from ..reconnect import Connection, Retry
 from ..store import Claimed, Store
@@ -169,19 +169,14 @@ class Dispatcher:
         return done, claimed
 
     def _claim_limited(self, store: Store, token: str, now: int, lease_end: int, n: int) -> list[Claimed]:
-        """Claims of the limited queues, each in its own transaction, starting from a different
-        queue each time so that none of them goes last for ever."""
-        serving = self.queues
-        self.turn = (self.turn + 1) % len(serving.limited)
-        claimed: list[Claimed] = []
-        for queue in serving.limited[self.turn :] + serving.limited[: self.turn]:
-            if len(claimed) >= n:
-                break
-            got, left = claim_limited(
-                store, queue, serving.limits[queue], token, now, lease_end, n - len(claimed)
-            )
-            claimed += got
-            self.held_back = self.held_back or left
+        """The limited queues' claims, starting from a different queue each time so that none
+        of them goes last for ever."""
+        limited = self.queues.limited
+        self.turn = (self.turn + 1) % len(limited)
+        rotated = limited[self.turn :] + limited[: self.turn]
+        claimed, self.held_back = claim_limited_queues(
+            store, rotated, self.queues.limits, token, now, lease_end, n
+        )
         return claimed
 
     def _hand_out(self, claimed: list[Claimed]) -> bool | None:
