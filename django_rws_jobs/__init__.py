@@ -47,12 +47,15 @@ def enqueue(
     unique: str | None = None,
     max_retries: int | None = None,
     timeout: float | None = None,
+    concurrency_key: str | None = None,
     using: str | None = None,
 ) -> str:
     """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
 
     With ``unique=key``, while a job of this type and key is pending or running nothing is
-    inserted and that job's id is returned. ``timeout``: this job's time limit in seconds.
+    inserted and that job's id is returned. ``timeout``: this job's time limit in seconds. With
+    ``concurrency_key``, at most the type's ``concurrency_limit`` (1 unless set) jobs with that
+    key run at once, across every worker.
     """
     from .api import enqueue as _enqueue
 
@@ -66,6 +69,7 @@ def enqueue(
         unique=unique,
         max_retries=max_retries,
         timeout=timeout,
+        concurrency_key=concurrency_key,
         using=using,
     )
 

@@ -18,7 +18,8 @@ from .conf import jobs_settings
 from .db import queue_alias
 from .models import Job, Status
 from .registry import registry
-from .validation import INT32_MAX, INT64_MAX, INT64_MIN, UNIQUE_MAX, due_at, queue_name, show
+from .validation import INT32_MAX, INT64_MAX, INT64_MIN, KEY_MAX, UNIQUE_MAX, due_at, queue_name, show
+from .validation import concurrency_limit as _concurrency_limit
 from .validation import integer as _int
 from .validation import only_known as _only_known
 from .validation import text as _text
@@ -35,6 +36,7 @@ ITEM_KEYS = (
     "unique",
     "max_retries",
     "timeout",
+    "concurrency_key",
 )
 
 
@@ -53,9 +55,15 @@ def prepare(
     unique: Any = None,
     max_retries: Any = None,
     timeout: Any = None,
+    concurrency_key: Any = None,
+    concurrency_limit: Any = None,
     now: float | None = None,
 ) -> list[Any]:
-    """Validate one job's arguments and return its INSERT parameters (the id included)."""
+    """Validate one job's arguments and return its INSERT parameters (the id included).
+
+    A job with a ``concurrency_key`` goes in waiting, with its limit: ``concurrency_limit`` (a
+    task's), else its type's ``@job(concurrency_limit=)``, else 1; a worker's promotion makes it
+    pending once the key has a free slot (concurrency_keys.py)."""
     job_type = _text("job_type", job_type)
     payload = _text("payload", payload, empty=True)
     spec = registry.get(job_type)
@@ -69,6 +77,13 @@ def prepare(
     max_retries = _int("max_retries", max_retries, 0, INT32_MAX)
     if unique is not None:
         unique = _text("unique key", unique, limit=UNIQUE_MAX)
+    status, limit = "pending", None
+    if concurrency_key is not None:
+        concurrency_key = _text("concurrency_key", concurrency_key, limit=KEY_MAX)
+        if concurrency_limit is None:
+            concurrency_limit = defaults.get("concurrency_limit")
+        limit = 1 if concurrency_limit is None else _concurrency_limit(concurrency_limit)
+        status = "waiting"
     now = clock.now() if now is None else now
     due = due_at(run_at, run_in, now)
     return [
@@ -82,6 +97,9 @@ def prepare(
         priority,
         unique,
         _timeout(timeout),
+        status,
+        concurrency_key,
+        limit,
         unique_hash(job_type, unique) if unique is not None else None,
     ]
 
@@ -97,6 +115,7 @@ def enqueue(
     unique: str | None = None,
     max_retries: int | None = None,
     timeout: float | None = None,
+    concurrency_key: str | None = None,
     using: str | None = None,
 ) -> str:
     """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
@@ -104,6 +123,8 @@ def enqueue(
     With ``unique=key``, while a job of this type and key is pending or running nothing is
     inserted and that job's id is returned (the database enforces it across processes).
     ``timeout`` (seconds) is this job's time limit; None leaves it to its type's, or the setting's.
+    With ``concurrency_key``, at most its type's ``concurrency_limit`` (1 unless set) jobs with
+    that key run at once, across every worker; the others wait, uncharged.
     """
     alias = queue_alias(using)
     params = prepare(
@@ -116,6 +137,7 @@ def enqueue(
         unique=unique,
         max_retries=max_retries,
         timeout=timeout,
+        concurrency_key=concurrency_key,
         now=clock.now(alias),
     )
     return insert_prepared(alias, params)
@@ -253,7 +275,7 @@ def _insert_unique(alias: str, params: list[Any]) -> str:
             if row is None and share:
                 c.execute(lookup + share, [digest])
                 row = c.fetchone()
-            if row is not None and row[1] in (Status.PENDING, Status.RUNNING):
+            if row is not None and row[1] in (Status.PENDING, Status.RUNNING, Status.WAITING):
                 return row[0]
             if row is not None:
                 # A failed row still holding the key (a rust-web-server writer does not clear it): free it.

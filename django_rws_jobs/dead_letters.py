@@ -19,6 +19,16 @@ from .validation import integer as _int
 from .validation import job_id as _job_id
 
 
+def back_in_queue() -> Case:
+    """The status of a job put back: pending, or waiting when it has a concurrency key; its slot
+    is cleared with it (a failed job holds none unless a writer that knows no keys failed it) and
+    the promotion gives it one (concurrency_keys.py)."""
+    return Case(
+        When(concurrency_key__isnull=True, then=Value(str(Status.PENDING))),
+        default=Value(str(Status.WAITING)),
+    )
+
+
 def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
     """Put a failed job back, due now with attempts reset. False if there is no failed job
     ``job_id``, or if a pending or running job already holds its unique key."""
@@ -38,7 +48,8 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
                     _by_id(alias, job_id)
                     .filter(status=Status.FAILED)
                     .update(
-                        status=Status.PENDING,
+                        status=back_in_queue(),
+                        concurrency_slot=None,
                         attempts=0,
                         next_run_at=now,
                         unique_hash=digest,
@@ -160,7 +171,8 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
         try:
             with transaction.atomic(using=alias):
                 jobs.filter(id__in=retried).update(
-                    status=Status.PENDING,
+                    status=back_in_queue(),
+                    concurrency_slot=None,
                     attempts=0,
                     next_run_at=now,
                     unique_hash=Case(*keyed, default=None) if keyed else None,

@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .validation import queue_name, show
+from .validation import CONCURRENCY_MAX, queue_name, show
 
 #: A rate limit's unit and its window in seconds (Celery's notation).
 PERIODS = {"s": 1, "m": 60, "h": 3600}
-MAX_CONCURRENCY = 100_000
+MAX_CONCURRENCY = CONCURRENCY_MAX
 MAX_RATE = 1_000_000
 KEYS = ("concurrency", "rate_limit")
 

@@ -27,11 +27,15 @@ class Status(models.TextChoices):
     expired lease and by ``retry``; left by a worker's claim. ``running``: set by a claim; left by
     the worker's outcome (row deleted, back to pending, or failed) or by recovery. ``failed``: the
     dead-letter list, set when attempts exceed max_retries; left by ``retry`` or ``delete``.
+    ``waiting``: a job with a concurrency key, in every place where one without a key would be
+    pending; left only for pending, by the promotion that gives it one of its key's slots
+    (concurrency_keys.py).
     """
 
     PENDING = "pending", _("pending")
     RUNNING = "running", _("running")
     FAILED = "failed", _("failed")
+    WAITING = "waiting", _("waiting")
 
 
 #: The order in which jobs are claimed, as ``order_by`` takes it: highest priority first, then the
@@ -51,6 +55,9 @@ class JobQuerySet(models.QuerySet):
 
     def failed(self) -> JobQuerySet:
         return self.filter(status=Status.FAILED)
+
+    def waiting(self) -> JobQuerySet:
+        return self.filter(status=Status.WAITING)
 
     def due(self, now: int | None = None) -> JobQuerySet:
         """Pending jobs whose time has come (``now`` in unix seconds)."""
@@ -103,6 +110,12 @@ class Job(models.Model):
     task_history = models.TextField(null=True, blank=True, editable=False)
     # This job's own time limit (enqueue(timeout=)); NULL: its type's, else RWS_JOBS["TIMEOUT"].
     timeout = models.FloatField(null=True, blank=True, help_text=_("seconds; empty: the job type's limit"))
+    # Per-key concurrency (enqueue(concurrency_key=)): at most concurrency_limit jobs with one key
+    # are pending or running. Each of them holds a slot, a number below the limit, and the unique
+    # constraint below lets no two hold the same one; waiting and failed rows hold none.
+    concurrency_key = models.CharField(max_length=191, null=True, blank=True)
+    concurrency_limit = models.IntegerField(null=True, blank=True, help_text=_("empty: 1"))
+    concurrency_slot = models.IntegerField(null=True, blank=True, editable=False)
 
     objects = JobQuerySet.as_manager()
 
@@ -125,9 +138,20 @@ class Job(models.Model):
             # of its own cost every claim and every deletion more index writes. Their plans are
             # pinned by tests/test_explain.py's
             # test_lease_statements_read_only_running_rows_with_a_million_future_rows.
+            # The promotion of a key's waiting jobs, in claim order, and the keys that have any.
+            # Where the database has partial indexes, migration 0011 keeps only waiting rows in it.
+            models.Index(
+                fields=["concurrency_key", "-priority", "next_run_at", "created_at", "id"],
+                name="rws_jobs_waiting_idx",
+            ),
         ]
         constraints = [
             models.UniqueConstraint(fields=["unique_hash"], name="rws_jobs_unique_active"),
+            # No two jobs with one key hold one slot (NULLs are distinct: rows without a key or a
+            # slot never conflict). Partial where the database can (migration 0011).
+            models.UniqueConstraint(
+                fields=["concurrency_key", "concurrency_slot"], name="rws_jobs_key_slot_unique"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -10,12 +10,23 @@ from typing import Any, Protocol
 
 from asgiref.sync import iscoroutinefunction
 
-from .validation import INT32_MAX, INT64_MAX, INT64_MIN, integer, only_known, queue_name, show, text, timeout
+from .validation import (
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    concurrency_limit,
+    integer,
+    only_known,
+    queue_name,
+    show,
+    text,
+    timeout,
+)
 
 Handler = Callable[[str], Any]
 
 #: What @job and register() accept besides the handler.
-OPTIONS = ("queue", "priority", "max_retries", "timeout", "schedule")
+OPTIONS = ("queue", "priority", "max_retries", "timeout", "concurrency_limit", "schedule")
 #: The job_type prefix of django.tasks rows (``django.tasks:<module path>``): reserved, no handler
 #: may be registered under it (tests/test_tasks_backend.py::test_the_task_prefix_is_reserved).
 TASK_PREFIX = "django.tasks:"
@@ -130,6 +141,8 @@ def _check_options(job_type: str, options: dict[str, Any]) -> None:
             integer("max_retries", options["max_retries"], 0, INT32_MAX)
         if "timeout" in options:
             timeout(options["timeout"])
+        if options.get("concurrency_limit") is not None:
+            concurrency_limit(options["concurrency_limit"])
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"job_type {show(job_type)}: {exc}") from None
 
@@ -187,7 +200,8 @@ def job(job_type: str, **options: Any) -> Callable[[Handler], Handler]:
     """Decorate a function ``f(payload: str)`` as the handler of ``job_type``.
 
     ``queue``, ``priority`` and ``max_retries`` become this type's enqueue defaults; ``timeout``
-    (seconds) its time limit, unless the job was enqueued with one;
+    (seconds) its time limit, unless the job was enqueued with one; ``concurrency_limit`` how many
+    jobs of this type with one ``concurrency_key`` may run at once (1 when not given);
     ``schedule="0 0 3 * * *"`` (or a dict with ``name``, ``cron``, ``payload`` and options, or a
     list of them) declares a cron schedule that enqueues it.
     """

@@ -25,20 +25,25 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     require_valid_settings()
     store = Store(connections[alias])
     lease = int(jobs_settings.LEASE_SECONDS)
+    from .concurrency_keys import KeySweep, promote
     from .limited_claims import claim_limited_queues
     from .queues import NONE_UNPAUSED, QueueFilter
 
     serving = QueueFilter(queues)
     unlimited = serving.current(store)  # paused and limited queues left out
     now = int(clock.now(alias))
+    KeySweep().sweep(store, now)  # jobs with a concurrency key whose key has room: pending
     token = ids.claim_token()
     claimed = [] if unlimited is NONE_UNPAUSED else store.claim(token, now, now + lease, unlimited, 1)
     if not claimed and serving.limited:
         claimed = claim_limited_queues(store, serving.limited, serving.limits, token, now, now + lease, 1)[0]
     if not claimed:
         return False
-    with _renewing(alias, claimed[0].token, lease):
-        run_claimed(store, claimed[0])
+    job = claimed[0]
+    with _renewing(alias, job.token, lease):
+        run_claimed(store, job)
+    if job.concurrency_key is not None:  # its slot is free: the key's next job
+        promote(store, [job.concurrency_key], int(clock.now(alias)))
     return True
 
 

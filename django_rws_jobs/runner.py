@@ -14,6 +14,7 @@ from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections, transaction
 
 from . import clock
+from .concurrency_keys import keys_of, promote
 from .conf import jobs_settings
 from .db import is_registered, is_transient, thread_connected
 from .registry import registry
@@ -277,6 +278,7 @@ def recover(store: Store, now: int | None = None, limit: int = 100) -> int:
     store.lease_leaseless(now, now + lease)
     store.refresh_rust_claims(now, now + lease)
     taken = 0
+    freed: list[str] = []  # the keys whose slots the recovered jobs held
     while True:
         expired = store.expired(now, limit)
         batch = 0
@@ -284,7 +286,10 @@ def recover(store: Store, now: int | None = None, limit: int = 100) -> int:
             error = WORKER_LOST.format(token=job.token)
             if record(store, job, error, None, expired_before=now) != "lost":
                 batch += 1
+                freed += keys_of([job])
                 logger.warning("job %s (%s) recovered: %s", job.id, job.job_type, error)
         taken += batch
         if len(expired) < limit or batch == 0:
+            if freed:
+                promote(store, freed, now)
             return taken

@@ -16,11 +16,17 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from .backends import backend_for
 from .backends.claimed import Claimed
 from .backends.statements import Sql
+from .concurrency_keys import promote
 from .db import atomic
 from .models import Status
 
 #: Prefix of the lease given to a running row found without one (a rust-web-server claim).
 RUST_CLAIM_MARKER = "seed:"
+#: What a job that goes back to the queue is set to: pending, or waiting if it has a concurrency
+#: key, its slot freed in the same statement (concurrency_keys.py).
+BACK_IN_QUEUE = (
+    "status = CASE WHEN concurrency_key IS NULL THEN 'pending' ELSE 'waiting' END, concurrency_slot = NULL"
+)
 
 
 class Store:
@@ -87,9 +93,19 @@ class Store:
         if self.features.deletes_with_claim and finished:
             with self.writes, self.atomic():
                 done = self.complete_many(finished)
+                self.promote_freed(finished, done, now, in_transaction=True)
                 return done, self.claim(token, now, lease_until, queues, limit, probe_first)
         done = self.complete_many(finished) if finished else set()
+        self.promote_freed(finished, done, now)
         return done, self.claim(token, now, lease_until, queues, limit, probe_first)
+
+    def promote_freed(
+        self, finished: Sequence[Claimed], done: set[str], now: int, in_transaction: bool = False
+    ) -> None:
+        """Promote the next jobs of the keys whose slots the deletion of ``done`` freed."""
+        keys = [job.concurrency_key for job in finished if job.concurrency_key is not None and job.id in done]
+        if keys:
+            promote(self, keys, now, in_transaction=in_transaction)
 
     def claim(
         self,
@@ -140,7 +156,7 @@ class Store:
         expired_before: int | None = None,
     ) -> bool:
         return self.fenced(
-            "UPDATE rws_jobs SET status = 'pending', attempts = %s, last_error = %s, traceback = %s, "
+            f"UPDATE rws_jobs SET {BACK_IN_QUEUE}, attempts = %s, last_error = %s, traceback = %s, "
             "next_run_at = %s, locked_by = NULL, locked_until = NULL",
             [attempts, error, tb, next_run_at],
             job,
@@ -156,19 +172,20 @@ class Store:
         now: int,
         expired_before: int | None = None,
     ) -> bool:
-        """Move to the dead-letter list; a failed job no longer holds its unique key."""
+        """Move to the dead-letter list; a failed job no longer holds its unique key or its slot."""
         return self.fenced(
             "UPDATE rws_jobs SET status = 'failed', attempts = %s, last_error = %s, traceback = %s, "
-            "failed_at = %s, unique_hash = NULL, locked_by = NULL, locked_until = NULL",
+            "failed_at = %s, unique_hash = NULL, concurrency_slot = NULL, locked_by = NULL, "
+            "locked_until = NULL",
             [attempts, error, tb, now],
             job,
             expired_before,
         )
 
     def release(self, job: Claimed) -> bool:
-        """Hand a job back unrun (graceful shutdown): pending again, no attempt charged."""
+        """Hand a job back unrun (graceful shutdown): pending (or waiting) again, no attempt charged."""
         return self.fenced(
-            "UPDATE rws_jobs SET status = 'pending', locked_by = NULL, locked_until = NULL", [], job
+            f"UPDATE rws_jobs SET {BACK_IN_QUEUE}, locked_by = NULL, locked_until = NULL", [], job
         )
 
     # -- leases ----------------------------------------------------------------------------------

@@ -15,6 +15,9 @@ from typing import Any
 
 QUEUE_MAX = 64
 UNIQUE_MAX = 191
+#: A concurrency key's length, and the most jobs of one key that may run at once.
+KEY_MAX = 191
+CONCURRENCY_MAX = 100_000
 ID_MAX = 64
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -60,6 +63,10 @@ def integer(name: str, value: Any, lo: int, hi: int) -> int:
 
 #: The longest time limit a job may have: a week, as LEASE_SECONDS.
 TIMEOUT_MAX = 7 * 86400
+
+
+def concurrency_limit(value: Any, name: str = "concurrency_limit") -> int:
+    return integer(name, value, 1, CONCURRENCY_MAX)
 
 
 def timeout(value: Any, name: str = "timeout") -> float | None:

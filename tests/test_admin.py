@@ -631,6 +631,54 @@ def test_a_job_page_says_when_its_paused_queue_holds_it_back(admin_client):
     assert "rws-waits-for" not in page("later1")  # not due: the pause is not why it waits
 
 
+def test_a_due_jobs_page_says_why_it_waits(admin_client, settings):
+    """Its concurrency key at its limit, its queue at its concurrency or rate limit: each named,
+    with the numbers; a job that nothing holds back gets no box."""
+    settings.RWS_JOBS = {
+        **settings.RWS_JOBS,
+        "QUEUES": {"api": {"concurrency": 1}, "pay": {"rate_limit": "2/h"}, "free": {"concurrency": 5}},
+    }
+    t = now()
+
+    def page(pk: str) -> str:
+        return admin_client.get(reverse("admin:django_rws_jobs_job_change", args=[pk])).content.decode()
+
+    make_job("holder", status="running", concurrency_key="acct:1", concurrency_limit=1, concurrency_slot=0)
+    make_job("keyed", status="waiting", due=t - 5, concurrency_key="acct:1", concurrency_limit=1)
+    assert "its concurrency key acct:1 has all 1 of its slots taken (by holder)" in page("keyed")
+    assert "acct:1 (limit 1, holds slot 0)" in page("holder")
+    make_job("roomy", status="waiting", due=t - 5, concurrency_key="acct:2", concurrency_limit=2)
+    assert "acct:2 has 0 of 2 slots taken; a worker makes it pending" in page("roomy")
+
+    make_job("api-run", status="running", queue="api", locked_until=t + 60)
+    make_job("api-due", due=t - 5, queue="api")
+    assert "its queue api runs 1 jobs, its concurrency limit of 1" in page("api-due")
+    make_job("free-due", due=t - 5, queue="free")
+    assert "rws-waits-for" not in page("free-due")  # under its limit: the next claim takes it
+
+    from django_rws_jobs.models import Queue
+
+    make_job("pay-due", due=t - 5, queue="pay")
+    assert "rws-waits-for" not in page("pay-due")
+    Queue.objects.create(name="pay", window_start=t - t % 3600, window_claims=2)
+    assert "its queue pay started 2 jobs in this window, its rate limit of 2/h" in page("pay-due")
+
+
+def test_overview_shows_limits_and_jobs_waiting_for_their_key(admin_client, settings):
+    settings.RWS_JOBS = {**settings.RWS_JOBS, "QUEUES": {"api": {"concurrency": 4, "rate_limit": "100/m"}}}
+    make_job("w1", status="waiting", concurrency_key="k")
+    make_job("w2", status="waiting", concurrency_key="k", due=now() + 600)
+    make_job("p1", concurrency_key="k", concurrency_slot=0)
+    response = admin_client.get(OVERVIEW)
+    rows = {r["stats"].queue: r for r in response.context["rows"]}
+    d = rows["default"]["stats"]
+    assert (d.waiting, d.pending) == (2, 1)
+    assert rows["api"]["limits"] == "4 at once, 100/m" and rows["default"]["limits"] == "-"  # no job: listed
+    page = response.content.decode()
+    assert 'class="seg rws-seg-waiting"' in page and "waiting for a key" in page
+    assert set(result_ids(admin_client.get(f"{JOBS}?queue=default&status__exact=waiting"))) == {"w1", "w2"}
+
+
 # ---- schedules ----------------------------------------------------------------------------
 
 SCHEDULE_SETTINGS = {

@@ -68,7 +68,7 @@ def test_worker_takes_the_same_queue_lists():
 
 
 def test_enqueue_many_items_take_only_enqueues_options():
-    keys = "job_type, payload, queue, priority, run_at, run_in, unique, max_retries, timeout"
+    keys = "job_type, payload, queue, priority, run_at, run_in, unique, max_retries, timeout, concurrency_key"
     with pytest.raises(TypeError, match=rf"^job #0: unknown key 'now'; the known ones are {keys}$"):
         rws.enqueue_many([{"job_type": "a.ok", "now": -5}])
     with pytest.raises(TypeError, match=r"^job #1: unknown keys 'using', 5; the known ones are"):
@@ -106,7 +106,7 @@ def test_job_options_are_checked_at_registration():
     with pytest.raises(
         TypeError,
         match=r"job_type 'x': unknown options 'max_retires', 'queu', 'prioirty'; "
-        r"the known ones are queue, priority, max_retries, timeout, schedule",
+        r"the known ones are queue, priority, max_retries, timeout, concurrency_limit, schedule",
     ):
         r.register("x", noop, max_retires=10, queu="mailers", prioirty=5)
     with pytest.raises(TypeError, match=r"job_type 'tests.input.typo': unknown option 'queu'"):

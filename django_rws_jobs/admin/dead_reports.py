@@ -116,6 +116,7 @@ class DeadLetterReports(admin.ModelAdmin):
         reasons = {
             Status.PENDING: _("it was retried meanwhile and is pending"),
             Status.RUNNING: _("it was retried meanwhile and is running"),
+            Status.WAITING: _("it was retried meanwhile and waits for its concurrency key"),
             None: _("it no longer exists"),
         }
         groups: dict[Any, list[str]] = {}

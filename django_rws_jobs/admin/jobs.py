@@ -18,7 +18,6 @@ from .. import humanize
 from ..conf import jobs_settings
 from ..db import queue_alias
 from ..models import Job, JobQuerySet, Status
-from ..queues import paused_queues
 from ..registry import registry, time_limit
 from . import overview
 from .common import (
@@ -33,6 +32,7 @@ from .common import (
 )
 from .paginators import CappedCountPaginator
 from .tasks import TASK_FIELDS, TaskFields
+from .waits import waits_for
 
 
 class DueFilter(admin.SimpleListFilter):
@@ -168,6 +168,14 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
         seconds, source = limit_of(obj)
         return "none" if seconds is None else f"{seconds:g} s ({source})"
 
+    @admin.display(description=_("concurrency key"))
+    def concurrency_detail(self, obj: Job) -> str:
+        """The key, and how many jobs with it may run at once (enqueue(concurrency_key=))."""
+        if obj.concurrency_key is None:
+            return "-"
+        slot = "" if obj.concurrency_slot is None else f", {_('holds slot')} {obj.concurrency_slot}"
+        return f"{obj.concurrency_key} ({_('limit')} {obj.concurrency_limit or 1}{slot})"
+
     @admin.display(description=_("payload"))
     def payload_detail(self, obj: Job) -> SafeString | str:
         return pre(obj.payload)
@@ -191,6 +199,7 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
                     "queue",
                     "priority",
                     "unique_key",
+                    "concurrency_detail",
                     "runs",
                     "timeout_detail",
                 )
@@ -206,15 +215,6 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
     # Counting the whole table a second time for "N results (M total)" is slow on big queues.
     show_full_result_count = False
     list_per_page = 50
-
-
-def waits_for(job: Job) -> str | None:
-    """Why a due pending job has not started, when the queue holds it back (None otherwise)."""
-    if job.next_run_at > now() or job.queue not in paused_queues(using=queue_alias()):
-        return None
-    return _("Due, and waiting: its queue %(q)s is paused. It starts once the queue is resumed.") % {
-        "q": job.queue
-    }
 
 
 @admin.register(Job)
@@ -272,6 +272,6 @@ class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
                 args=[quote(obj.pk)],
                 current_app=self.admin_site.name,
             )
-        if obj is not None and obj.status == Status.PENDING:
-            context["waits_for"] = waits_for(obj)
+        if obj is not None:
+            context["waits_for"] = waits_for(obj, now(), queue_alias())
         return super().change_view(request, object_id, form_url, {**context, **(extra_context or {})})

@@ -17,12 +17,15 @@ from django.utils.translation import gettext as _
 from .. import humanize
 from ..db import queue_alias
 from ..exceptions import TIMED_OUT
+from ..limits import configured
 from ..models import Job, Status
 from ..queues import pause_queue, paused_queues, resume_queue
 from .common import COUNT_CAP, links, now
+from .waits import limits_text
 
 #: The bar segments, in drawing order: (attribute, label, CSS class).
 SEGMENTS = (
+    ("waiting", "waiting for a concurrency key", "waiting"),
     ("later", "pending, due later", "later"),
     ("due", "due now", "due"),
     ("running", "running", "running"),
@@ -31,12 +34,13 @@ SEGMENTS = (
 
 
 #: The counts of a row, as the table shows them.
-COUNTS = ("pending", "due", "running", "lease_expired", "failed", "timed_out")
+COUNTS = ("waiting", "pending", "due", "running", "lease_expired", "failed", "timed_out")
 
 
 @dataclass
 class QueueStats:
     queue: str
+    waiting: int = 0  # jobs whose concurrency key has no free slot yet (concurrency_keys.py)
     pending: int = 0
     due: int = 0
     running: int = 0
@@ -51,7 +55,7 @@ class QueueStats:
 
     @property
     def total(self) -> int:
-        return self.pending + self.running + self.failed
+        return self.waiting + self.pending + self.running + self.failed
 
     def waited(self, at: int) -> int | None:
         return None if self.oldest_due is None else max(at - self.oldest_due, 0)
@@ -67,7 +71,13 @@ def queue_stats(at: int, using: str | None = None) -> list[QueueStats]:
     """
     jobs = Job.objects.using(queue_alias(using))
     stats: dict[str, QueueStats] = {}
-    for status, attr in ((Status.PENDING, "pending"), (Status.RUNNING, "running"), (Status.FAILED, "failed")):
+    states = (
+        (Status.WAITING, "waiting"),
+        (Status.PENDING, "pending"),
+        (Status.RUNNING, "running"),
+        (Status.FAILED, "failed"),
+    )
+    for status, attr in states:
         in_status = jobs.filter(status=status)
         for queue in _distinct(in_status, "queue"):
             s = stats.setdefault(queue, QueueStats(queue))
@@ -177,8 +187,11 @@ def render(request: HttpRequest, model_admin: admin.ModelAdmin) -> TemplateRespo
     at = now()
     stats = queue_stats(at)
     paused = set(paused_queues(using=queue_alias()))
-    idle_paused = paused - {s.queue for s in stats}  # no job: listed still, so it can be resumed
-    stats = sorted([*stats, *map(QueueStats, idle_paused)], key=lambda s: s.queue)
+    limits = configured()
+    # A paused queue without jobs is listed still, so that it can be resumed; a limited one, so
+    # that its limits are seen.
+    idle = (paused | set(limits)) - {s.queue for s in stats}
+    stats = sorted([*stats, *map(QueueStats, idle)], key=lambda s: s.queue)
     context: dict[str, Any] = {**links(request, model_admin)}
     jobs_url, dead_url = context["jobs_url"], context["dead_letter_url"]
 
@@ -200,6 +213,8 @@ def render(request: HttpRequest, model_admin: admin.ModelAdmin) -> TemplateRespo
                 "failed_url": link(dead_url, queue=s.queue),
                 "shown": {f: shown(getattr(s, f)) for f in COUNTS},
                 "paused": s.queue in paused,
+                "limits": limits_text(limits.get(s.queue)),
+                "waiting_url": link(jobs_url, queue=s.queue, status__exact=str(Status.WAITING)),
             }
         )
     totals = {f: sum(getattr(s, f) for s in stats) for f in COUNTS}

@@ -34,6 +34,9 @@ def is_registered(conn: BaseDatabaseWrapper) -> bool:
 class BaseFeatures:
     """What a database can do, as the queue uses it (Django's ``DatabaseFeatures``)."""
 
+    #: One writer at a time holds the whole database (SQLite): a write transaction sees no other
+    #: writer between its reads and its writes.
+    serializes_writes = False
     #: The dispatcher deletes finished jobs in its next claim's transaction (one writer at a time).
     deletes_with_claim = False
     #: How an idle worker learns of new jobs: "listen" (LISTEN/NOTIFY), "data_version" (SQLite's

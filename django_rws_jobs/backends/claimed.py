@@ -25,6 +25,7 @@ class Claimed:
     created_at: int
     unique_key: str | None
     timeout: float | None
+    concurrency_key: str | None
     token: str
 
     @classmethod

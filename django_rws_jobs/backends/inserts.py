@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
-#: The columns of one job's INSERT parameters (api.job_params), in order.
+#: The columns of one job's INSERT parameters (api.prepare), in order; unique_hash last.
 INSERT_COLUMNS = (
     "id",
     "job_type",
@@ -18,13 +18,16 @@ INSERT_COLUMNS = (
     "priority",
     "unique_key",
     "timeout",
+    "status",
+    "concurrency_key",
+    "concurrency_limit",
     "unique_hash",
 )
 INSERT_HEAD = (
-    "INSERT INTO rws_jobs (id, job_type, payload, status, attempts, max_retries, next_run_at, "
-    "created_at, queue, priority, unique_key, timeout, unique_hash) VALUES "
+    "INSERT INTO rws_jobs (id, job_type, payload, attempts, max_retries, next_run_at, created_at, "
+    "queue, priority, unique_key, timeout, status, concurrency_key, concurrency_limit, unique_hash) VALUES "
 )
-INSERT_VALUES = "(%s, %s, %s, 'pending', 0, %s, %s, %s, %s, %s, %s, %s, %s)"
+INSERT_VALUES = "(%s, %s, %s, 0, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 INSERT_SQL = INSERT_HEAD + INSERT_VALUES
 COPY_SQL = f"COPY rws_jobs ({', '.join(INSERT_COLUMNS)}) FROM STDIN"
 

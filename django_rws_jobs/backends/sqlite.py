@@ -29,6 +29,7 @@ _write_locks_guard = threading.Lock()
 class SQLiteFeatures(BaseFeatures):
     # One writer at a time: a commit and a turn at the write lock fewer per batch
     # (tests/test_worker.py, docs/design.md "SQLite").
+    serializes_writes = True
     deletes_with_claim = True
     wakeup = "data_version"
     adopts_by_rebuild = True

@@ -10,7 +10,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.core import checks
@@ -39,11 +39,15 @@ class RwsTask(Task):
     """A task with this backend's options: ``max_attempts`` (None: the backend's budget),
     ``unique`` (True: while a task of this function with the same arguments waits or runs,
     ``enqueue`` returns its result instead of adding another) and ``timeout`` (seconds an attempt
-    may run; None: RWS_JOBS["TIMEOUT"]), stored as the row's own limit."""
+    may run; None: RWS_JOBS["TIMEOUT"]), stored as the row's own limit; ``concurrency_key`` (a
+    str, or a function of the task's arguments that returns one) and ``concurrency_limit`` (how
+    many tasks with one key run at once; None: 1)."""
 
     max_attempts: int | None = None
     unique: bool = False
     timeout: float | None = None
+    concurrency_key: str | Callable[..., str] | None = None
+    concurrency_limit: int | None = None
 
     def with_options(
         self,
@@ -51,16 +55,18 @@ class RwsTask(Task):
         max_attempts: int | None = None,
         unique: bool | None = None,
         timeout: float | None = None,
+        concurrency_key: str | Callable[..., str] | None = None,
+        concurrency_limit: int | None = None,
     ) -> RwsTask:
         """A copy with other options (``using()`` for this backend's options)."""
-        changes: dict[str, Any] = {}
-        if max_attempts is not None:
-            changes["max_attempts"] = max_attempts
-        if unique is not None:
-            changes["unique"] = unique
-        if timeout is not None:
-            changes["timeout"] = timeout
-        return dataclasses.replace(self, **changes)
+        given: dict[str, Any] = {
+            "max_attempts": max_attempts,
+            "unique": unique,
+            "timeout": timeout,
+            "concurrency_key": concurrency_key,
+            "concurrency_limit": concurrency_limit,
+        }
+        return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
 
 
 class RwsJobsBackend(BaseTaskBackend):
@@ -129,6 +135,25 @@ class RwsJobsBackend(BaseTaskBackend):
                 timeout(task.timeout)
             except (TypeError, ValueError) as exc:
                 raise InvalidTask(str(exc)) from None
+        if isinstance(task, RwsTask):
+            self._validate_concurrency(task)
+
+    def _validate_concurrency(self, task: RwsTask) -> None:
+        from ..validation import KEY_MAX, concurrency_limit, text
+
+        try:
+            if task.concurrency_limit is not None:
+                concurrency_limit(task.concurrency_limit)
+            key = task.concurrency_key
+            if isinstance(key, str):
+                text("concurrency_key", key, limit=KEY_MAX)
+            elif key is not None and not callable(key):
+                raise TypeError(
+                    f"concurrency_key must be a str or a function of the task's arguments, got "
+                    f"{type(key).__name__} {key!r}"
+                )
+        except (TypeError, ValueError) as exc:
+            raise InvalidTask(str(exc)) from None
 
     # -- enqueue ---------------------------------------------------------------------------------
 
@@ -168,6 +193,14 @@ class RwsJobsBackend(BaseTaskBackend):
         args, kwargs = arguments(args, kwargs)
         now = clock.now(self.database)
         unique = unique_key(task, args, kwargs) if getattr(task, "unique", False) else None
+        key = getattr(task, "concurrency_key", None)
+        if callable(key):
+            key = key(*args, **kwargs)  # the arguments as the worker will see them
+            if not isinstance(key, str):
+                raise InvalidTask(
+                    f"concurrency_key of {task.module_path} must return a str, returned "
+                    f"{type(key).__name__} {key!r}"
+                )
         try:  # what the queue refuses besides Django's checks (a queue name over 64 characters)
             return prepare(
                 TASK_PREFIX + task.module_path,
@@ -178,6 +211,8 @@ class RwsJobsBackend(BaseTaskBackend):
                 unique=unique,
                 max_retries=self.max_attempts(task) - 1,
                 timeout=getattr(task, "timeout", None),
+                concurrency_key=key,
+                concurrency_limit=getattr(task, "concurrency_limit", None),
                 now=now,
             )
         except (TypeError, ValueError) as exc:

@@ -14,11 +14,13 @@ def task(
     max_attempts: int | None = None,
     unique: bool = False,
     timeout: float | None = None,
+    concurrency_key: str | Callable[..., str] | None = None,
+    concurrency_limit: int | None = None,
     **options: Any,
 ) -> Any:
     """Django's ``@task`` (``priority``, ``queue_name``, ``backend``, ``takes_context``) plus
-    ``max_attempts``, ``unique`` and ``timeout`` (see RwsTask); the backend must be an
-    RwsJobsBackend."""
+    ``max_attempts``, ``unique``, ``timeout``, ``concurrency_key`` and ``concurrency_limit`` (see
+    RwsTask); the backend must be an RwsJobsBackend."""
     from .backend import RwsJobsBackend
 
     try:
@@ -30,11 +32,15 @@ def task(
         backend = task_backends[options.get("backend", "default")]
         if not isinstance(backend, RwsJobsBackend):
             raise TypeError(
-                f"max_attempts, unique and timeout need an RwsJobsBackend; TASKS[{backend.alias!r}] is "
-                f"{type(backend).__name__}"
+                "max_attempts, unique, timeout and the concurrency options need an RwsJobsBackend; "
+                f"TASKS[{backend.alias!r}] is {type(backend).__name__}"
             )
         return django_task(func, **options).with_options(
-            max_attempts=max_attempts, unique=unique, timeout=timeout
+            max_attempts=max_attempts,
+            unique=unique,
+            timeout=timeout,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         )
 
     return wrap(function) if function is not None else wrap

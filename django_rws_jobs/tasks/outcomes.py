@@ -18,7 +18,7 @@ from ..backends.base import is_registered
 from ..exceptions import TIMED_OUT, JobTimeout
 from ..registry import TASK_PREFIX
 from ..runner import ERROR_MAX, retry_at, send_dead, storable
-from ..store import Claimed, Store
+from ..store import BACK_IN_QUEUE, Claimed, Store
 from . import history
 from .errors import WorkerLost
 
@@ -201,14 +201,15 @@ def _fail(
     if attempts <= job.max_retries:
         due = retry_at(attempts, outcome.finished)
         sql = (
-            "UPDATE rws_jobs SET status = 'pending', attempts = %s, last_error = %s, traceback = %s, "
+            f"UPDATE rws_jobs SET {BACK_IN_QUEUE}, attempts = %s, last_error = %s, traceback = %s, "
             "next_run_at = %s, task_history = %s, locked_by = NULL, locked_until = NULL"
         )
         return store.fenced(sql, [attempts, last_error, tb, due, text], job, expired_before), "retry"
     now = int(outcome.finished)
     sql = (
         "UPDATE rws_jobs SET status = 'failed', attempts = %s, last_error = %s, traceback = %s, "
-        "failed_at = %s, task_history = %s, unique_hash = NULL, locked_by = NULL, locked_until = NULL"
+        "failed_at = %s, task_history = %s, unique_hash = NULL, concurrency_slot = NULL, locked_by = NULL, "
+        "locked_until = NULL"
     )
     applied = store.fenced(sql, [attempts, last_error, tb, now, text], job, expired_before)
     if applied:

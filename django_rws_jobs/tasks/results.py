@@ -21,6 +21,7 @@ STATUSES = {
     "pending": TaskResultStatus.READY,
     "running": TaskResultStatus.RUNNING,
     "failed": TaskResultStatus.FAILED,
+    "waiting": TaskResultStatus.READY,  # its concurrency key at its limit
 }
 
 #: A task's job row, or its result row: the same columns, in this order.

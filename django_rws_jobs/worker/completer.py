@@ -11,6 +11,8 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections
 
+from .. import clock
+from ..concurrency_keys import keys_of, promote
 from ..conf import jobs_settings
 from ..reconnect import Connection, Retry
 from ..registry import registry
@@ -85,6 +87,22 @@ class Completer:
         finally:
             self.shared.let_go([job for job, _, _ in items])
         self.shared.stats.add(results)
+        keys = keys_of(job for job, _, _ in items)
+        if keys:
+            self._promote(deadline, keys)
+
+    def _promote(self, deadline: float, keys: list[str]) -> None:
+        """Promote the next jobs of the keys whose slots this batch freed; one that fails is left
+        to the sweeps (concurrency_keys.py)."""
+        try:
+            promoted = self.db.until(
+                deadline, lambda c: promote(c.store(), keys, int(clock.now(self.shared.alias))), "promoting"
+            )
+        except Exception:
+            logger.exception("could not promote the waiting jobs of %d concurrency key(s)", len(keys))
+            return
+        if promoted:
+            self.shared.wake.set()  # this process's dispatcher may claim them at once
 
     def _record_others(self, deadline: float, items: list[Outcome]) -> list[str]:
         """Failures one by one; the rows of a row runner that records many at once (the

@@ -8,6 +8,7 @@ from django.db import Error as DatabaseError
 
 from .. import clock
 from ..backends import BaseFeatures
+from ..concurrency_keys import KeySweep
 from ..conf import jobs_settings
 from ..db import is_transient
 from ..ids import claim_token
@@ -41,6 +42,11 @@ class Dispatcher:
         self.shared = shared
         self.features = features
         self.queues = QueueFilter(queues)
+        self.keys = KeySweep()
+        #: The last claim round began with a sweep of the concurrency keys.
+        self.swept = False
+        #: The last idle wait ended with a wake-up hint.
+        self.woken = False
         #: Due jobs of a limited queue were left for its limits at the last claim.
         self.held_back = False
         self.turn = 0
@@ -140,21 +146,31 @@ class Dispatcher:
         if claimed:
             return self._hand_out(claimed)
         if self.burst:
-            return self._burst_wait(busy or self.held_back)
+            if not self.swept:
+                return True  # look again at once, with a sweep of the concurrency keys
+            return self._burst_wait(busy or self.held_back or self.keys.waiting)
         # Woken by a hint (NOTIFY, a job enqueued in this process, another process's write on
         # SQLite), claim straight away; after a plain poll interval, look with read-only
         # statements first.
         woken = self._idle_wait()
         self.queues.recheck = woken  # a resume's hint: read the pauses before claiming
+        self.woken = woken
         return not woken
 
     def _finish_and_claim(
         self, store: Store, finished: list[Claimed], token: str, now: int, lease_end: int, n: int, idle: bool
     ) -> tuple[set[str], list[Claimed]]:
         """store.finish_and_claim from the queues that are neither paused nor limited (with none
-        such, only the deletions), then claims of the limited queues for what is left of ``n``."""
+        such, only the deletions), then claims of the limited queues for what is left of ``n``.
+        Before them, at most KeySweep.REFRESH apart, the sweep of the concurrency keys."""
         serving = self.queues
         queues = serving.current(store)
+        # A --burst worker decides to stop on a fresh sweep: after a round that claimed nothing.
+        # A hint that woke an idle worker may be a keyed job's enqueue: swept at once too.
+        self.swept = self.keys.stale() or self.woken or (self.burst and idle)
+        self.woken = False
+        if self.swept:
+            self.keys.sweep(store, now)
         done: set[str]
         claimed: list[Claimed]
         if queues is NONE_UNPAUSED:

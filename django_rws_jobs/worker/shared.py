@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from django.db import Error as DatabaseError
 
+from .. import clock
+from ..concurrency_keys import keys_of, promote
 from ..reconnect import Connection
 from ..store import Claimed
 
@@ -131,13 +133,21 @@ class Shared:
         """Release claimed jobs without charging an attempt (fenced on their claim)."""
         holder = Connection(self.alias)
         try:
+            released = []
             for job in jobs:
                 try:
                     if holder.store().release(job):
+                        released.append(job)
                         logger.warning("job %s (%s) handed back: %s", job.id, job.job_type, why)
                 except DatabaseError as exc:
                     logger.error("could not hand back job %s: %s; its lease will expire", job.id, exc)
                     holder.reset()
+            keys = keys_of(released)
+            if keys:
+                try:  # the next job of each key, for another worker (the sweeps would, later)
+                    promote(holder.store(), keys, int(clock.now(self.alias)))
+                except DatabaseError as exc:
+                    logger.error("could not promote the jobs of %d concurrency key(s): %s", len(keys), exc)
         finally:
             holder.close()
             self.let_go(jobs)

@@ -245,3 +245,19 @@ def blocked_then_exit(payload: str) -> None:
         time.sleep(float(payload))
     except BaseException:
         raise SystemExit(3) from None
+
+
+@job("test.keyed")
+def keyed(payload: str) -> None:
+    """test.span with a concurrency key's limit of 1 (the default)."""
+    span(payload)
+
+
+@job("test.keyed2", concurrency_limit=2)
+def keyed2(payload: str) -> None:
+    span(payload)
+
+
+@job("test.keyed3", concurrency_limit=3)
+def keyed3(payload: str) -> None:
+    span(payload)

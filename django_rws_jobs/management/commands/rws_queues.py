@@ -8,12 +8,14 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rws_jobs import clock
 from django_rws_jobs.admin.overview import queue_stats, shown
+from django_rws_jobs.admin.waits import limits_text
 from django_rws_jobs.db import queue_alias
+from django_rws_jobs.limits import configured
 from django_rws_jobs.models import Queue
 from django_rws_jobs.queues import pause_queue, resume_queue
 from django_rws_jobs.validation import queue_name
 
-COLUMNS = ("QUEUE", "STATE", "DUE", "LATER", "RUNNING", "FAILED")
+COLUMNS = ("QUEUE", "STATE", "LIMITS", "WAITING", "DUE", "LATER", "RUNNING", "FAILED")
 
 
 class Command(BaseCommand):
@@ -25,7 +27,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
         actions = parser.add_subparsers(dest="action", required=True, metavar="{list,pause,resume}")
-        actions.add_parser("list", help="each queue: paused or not, due, later, running and failed jobs")
+        actions.add_parser(
+            "list",
+            help="each queue: paused or not, its limits, and its jobs waiting for a concurrency key, "
+            "due, due later, running and failed",
+        )
         for verb in ("pause", "resume"):
             sub = actions.add_parser(verb, help=f"{verb} the named queues")
             sub.add_argument("names", nargs="+", metavar="NAME")
@@ -48,15 +54,18 @@ class Command(BaseCommand):
         at = int(clock.now(alias))
         stats = {s.queue: s for s in queue_stats(at, using=alias)}
         paused = dict(Queue.objects.using(alias).values_list("name", "paused"))
-        names = sorted(set(stats) | {name for name, p in paused.items() if p})
+        limits = configured()
+        names = sorted(set(stats) | {name for name, p in paused.items() if p} | set(limits))
         if not names:
-            self.stdout.write("No queues: no job is stored and none is paused.")
+            self.stdout.write("No queues: no job is stored, none is paused and none has limits.")
             return
         rows: list[tuple[str, ...]] = [COLUMNS]
         for name in names:
             s = stats.get(name)
-            counts = [shown(getattr(s, f)) if s else "0" for f in ("due", "later", "running", "failed")]
-            rows.append((name, "paused" if paused.get(name) else "active", *counts))
+            fields = ("waiting", "due", "later", "running", "failed")
+            counts = [shown(getattr(s, f)) if s else "0" for f in fields]
+            state = "paused" if paused.get(name) else "active"
+            rows.append((name, state, limits_text(limits.get(name)), *counts))
         widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
         for r in rows:
             self.stdout.write("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
