@@ -13,6 +13,9 @@ Workloads, per database:
   latency     an idle worker picks up 100 jobs enqueued 50 ms apart: p50 / p99 (ms)
   drain_future  the drain with F not-yet-due jobs in the table (jobs/s), and its share of a plain
               drain of as many jobs run just before it
+  drain_keys  the drain of K due no-op jobs while W jobs wait on one busy concurrency key (its only
+              slot held by a running job), and its share of a plain drain of as many jobs run
+              just before it
   rss         the worker's peak resident memory during the drain (MB)
   drain_processes  the drain with `--pool processes` (--workers children), and its share of the
               thread pool's drain run just before it
@@ -167,6 +170,7 @@ def drain(
     job_type: str = "bench.noop",
     payload: str = "",
     tasks: bool = False,
+    stop: bool = False,
 ) -> tuple[float, float]:
     """Enqueue n due jobs (no-op ones by default; with ``tasks``, no-op ``@task`` tasks), run one
     burst worker; return (jobs/s, peak RSS MB).
@@ -174,7 +178,8 @@ def drain(
     The clock runs from the claim of the first job to the deletion of the last. The measurer
     polls primary-key lookups only (the jobs are claimed in id order: same due time, ids
     increasing), so it adds next to no load to the database it measures; a full count
-    confirms the end.
+    confirms the end. With ``stop``, the worker is sent SIGTERM once the jobs are done (a burst
+    worker waits for jobs that other jobs hold back).
     """
     from django_rws_jobs import enqueue_many
 
@@ -222,6 +227,8 @@ def drain(
         rss = max(rss, peak_rss_mb(proc.pid))
         check_alive()
         time.sleep(0.002)
+    if stop:
+        proc.terminate()
     proc.wait(60)
     return n / (t1 - t0), rss
 
@@ -416,6 +423,8 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
             "latency_p99",
             "drain_beside",
             "drain_future",
+            "drain_beside_keys",
+            "drain_keys",
             "drain_threads",
             "drain_processes",
             "cpu_threads1",
@@ -453,6 +462,15 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
             p50, p99 = latency(db, args.latency_jobs, 0.05, worker_args + poll)
             print(f"  {db} run {r + 1}: latency p50={p50:.1f} p99={p99:.1f}", file=sys.stderr)
             continue
+        if args.only_keys:
+            key_pair(db, args, worker_args, results)
+            print(
+                f"  {db} run {r + 1}: plain={results['drain_beside_keys'][-1]:.0f} "
+                f"keys={results['drain_keys'][-1]:.0f}",
+                file=sys.stderr,
+            )
+            clear()
+            continue
         if args.only_future:
             future_pair(db, args, worker_args, results)
             print(
@@ -477,6 +495,8 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
         clear()
         future_pair(db, args, worker_args, results)
         clear()
+        key_pair(db, args, worker_args, results)
+        clear()
         pool_workloads(db, args, worker_args, results)
         print(
             f"  {db} run {r + 1}: " + ", ".join(f"{k}={v[-1]:.1f}" for k, v in results.items() if v),
@@ -488,6 +508,11 @@ def run_db(db: str, args: argparse.Namespace) -> dict:
     # minutes before the future one.
     shares = [f / b for f, b in zip(results["drain_future"], results["drain_beside"], strict=False) if b]
     med["future_share"] = statistics.median(shares) if shares else float("nan")
+    key_shares = [
+        k / b for k, b in zip(results["drain_keys"], results["drain_beside_keys"], strict=False) if b
+    ]
+    med["keys_share"] = statistics.median(key_shares) if key_shares else float("nan")
+    results["keys_share"] = key_shares
     # Each tasks drain against the @job drain of the same run, run just before it.
     task_shares = [t / b for t, b in zip(results["drain_tasks"], results["drain"], strict=False) if b]
     med["tasks_share"] = statistics.median(task_shares) if task_shares else float("nan")
@@ -511,6 +536,43 @@ def future_pair(db: str, args: argparse.Namespace, worker_args: list[str], resul
     results["drain_future"].append(drain(db, args.future_due, worker_args)[0])
 
 
+def fill_busy_key(w: int) -> None:
+    """One job running with the only slot of the key "busy" (a lease of a day: nobody recovers it)
+    and w due jobs waiting for that key."""
+    now = int(time.time())
+    holder = {
+        "job_type": "'bench.keyed'",
+        "status": "'running'",
+        "next_run_at": str(now),
+        "created_at": str(now),
+        "concurrency_key": "'busy'",
+        "concurrency_limit": "1",
+        "concurrency_slot": "0",
+        "locked_by": "'bench:holder'",
+        "locked_until": str(now + 86400),
+    }
+    insert_generated(1, "busy-holder-", holder)
+    waiting = {
+        "job_type": "'bench.keyed'",
+        "status": "'waiting'",
+        "next_run_at": f"{now} - x % 1000",
+        "created_at": str(now),
+        "concurrency_key": "'busy'",
+        "concurrency_limit": "1",
+    }
+    insert_generated(w, "busy-", waiting)
+    settle()
+
+
+def key_pair(db: str, args: argparse.Namespace, worker_args: list[str], results: dict[str, list]) -> None:
+    """The plain drain of key_due jobs, then the same drain with key_waiting jobs waiting on one
+    busy concurrency key."""
+    results["drain_beside_keys"].append(drain(db, args.key_due, worker_args)[0])
+    clear()
+    fill_busy_key(args.key_waiting)
+    results["drain_keys"].append(drain(db, args.key_due, worker_args, stop=True)[0])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -522,6 +584,8 @@ def main() -> None:
     parser.add_argument("--latency-jobs", type=int, default=100)
     parser.add_argument("--future", type=int, default=1_000_000)
     parser.add_argument("--future-due", type=int, default=10_000)
+    parser.add_argument("--key-waiting", type=int, default=10_000, help="jobs waiting on one busy key")
+    parser.add_argument("--key-due", type=int, default=5_000, help="jobs drained beside them")
     parser.add_argument("--cpu-jobs", type=int, default=1000, help="jobs of the CPU-bound workload")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--worker-args", default="", help="extra rws_worker arguments")
@@ -539,11 +603,18 @@ def main() -> None:
         action="store_true",
         help="measure the drain with future jobs, and the plain drain beside it, only",
     )
+    parser.add_argument(
+        "--only-keys",
+        action="store_true",
+        help="measure the drain beside jobs waiting on a busy concurrency key, and the plain drain "
+        "beside it, only",
+    )
     parser.add_argument("--db-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.small:
         args.jobs, args.enqueue, args.bulk, args.latency_jobs = 300, 200, 2000, 10
         args.future, args.future_due, args.repeat, args.cpu_jobs = 5000, 300, 1, 100
+        args.key_waiting, args.key_due = 1000, 300
     if args.db_child:
         setup_django(args.db_child)
         print(json.dumps(run_db(args.db_child, args)))
@@ -611,6 +682,17 @@ def table(out: dict) -> str:
             "{:.0%}",
         ),
         ("  as a share of the first row's drain (medians)", "future_share_of_first", "{:.0%}"),
+        (
+            f"drain {out['args']['key_due']} due with {out['args']['key_waiting']} waiting on one "
+            "busy concurrency key (jobs/s)",
+            "drain_keys",
+            "{:,.0f}",
+        ),
+        (
+            "  as a share of the plain drain run just before it (target >= 90%)",
+            "keys_share",
+            "{:.0%}",
+        ),
         ("worker peak RSS (MB)", "rss", "{:.0f}"),
         (
             f"drain {out['args']['jobs']} due no-op jobs, the thread pool again (jobs/s)",
