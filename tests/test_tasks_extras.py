@@ -187,3 +187,36 @@ def test_the_admin_shows_task_rows_as_tasks_and_lists_results(admin_client):
     detail = admin_client.get(reverse("admin:django_rws_jobs_taskresultrecord_change", args=[done.id]))
     assert detail.status_code == 200 and "shown" in detail.content.decode()
     assert admin_client.get(reverse("admin:django_rws_jobs_taskresultrecord_add")).status_code == 403
+
+
+def test_a_tasks_concurrency_key_is_its_function_of_the_arguments():
+    """The key function sees the arguments as the worker will; the limit is the task's."""
+    result = tasks.sync_account.enqueue(42, full=True)
+    job = Job.objects.get(id=result.id)
+    assert (job.status, job.concurrency_key, job.concurrency_limit) == ("waiting", "account:42", 2)
+    assert result.status == Status.READY  # waiting for its key reads as READY, as pending does
+    fixed = tasks.sync_account.using().with_options(concurrency_key="nightly", concurrency_limit=1)
+    job = Job.objects.get(id=fixed.enqueue(7).id)
+    assert (job.concurrency_key, job.concurrency_limit) == ("nightly", 1)
+    while rws.tick():
+        pass
+    assert not Job.objects.exists()
+    assert tasks.sync_account.get_result(result.id).return_value == 42
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"concurrency_key": ""}, "concurrency_key must not be empty"),
+        (
+            {"concurrency_key": 5},
+            "concurrency_key must be a str or a function of the task's arguments, got int 5",
+        ),
+        ({"concurrency_limit": 0}, "concurrency_limit 0 is out of range; it must be between 1 and 100000"),
+        ({"concurrency_key": lambda account, **kw: account}, "must return a str, returned int 42"),
+    ],
+)
+def test_a_bad_concurrency_option_of_a_task_is_refused_naming_it(options, message):
+    with pytest.raises(tasks_api.InvalidTask, match=message):  # when the task is made, or enqueued
+        tasks.sync_account.using().with_options(**options).enqueue(42)
+    assert not Job.objects.exists()

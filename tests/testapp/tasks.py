@@ -90,5 +90,11 @@ def spin(payload: str) -> None:
     _forever(0.02)
 
 
+@rws_task(concurrency_key=lambda account, **kwargs: f"account:{account}", concurrency_limit=2)
+def sync_account(account: int, full: bool = False) -> int:
+    _trace("task-sync", str(account))
+    return account
+
+
 def plain(payload: str) -> None:
     """Not a task: a task made of it at enqueue time is named by a path a worker cannot use."""
