@@ -140,15 +140,29 @@ def test_retry_and_delete_from_the_dead_letter_list(page, live_server):
     assert Job.objects.get(id=keep).status == "failed"
 
 
-def test_overview_page(page, live_server):
+def test_overview_page(page, live_server, settings):
+    settings.RWS_JOBS = {
+        **settings.RWS_JOBS,
+        "QUEUES": {"mailers": {"concurrency": 2, "rate_limit": "100/m"}},
+    }
     dead_jobs("order 1", "order 2")
     dead_jobs("newsletter 3", queue="mailers")
     some_traffic()
+    for i in range(4):  # a sync per account at a time: 4 wait for their key
+        rws.enqueue("test.keyed", f"sync {i}", concurrency_key="account:1", queue="reports")
     page.goto(f"{live_server.url}/admin/django_rws_jobs/job/")
     page.click("#content >> text=Queue overview")  # the link on the jobs page, not the sidebar
     page.wait_for_selector("#rws-queues")
     mailers = page.locator("#rws-queues tr[data-queue=mailers] td")
-    assert [mailers.nth(i).inner_text() for i in (1, 2, 3)] == ["17", "5", "2 min"]
+    # state, limits, waiting for a key, pending, due now, oldest due waited
+    assert [mailers.nth(i).inner_text() for i in (1, 2, 3, 4, 5)] == [
+        "2 at once, 100/m",
+        "0",
+        "17",
+        "5",
+        "2 min",
+    ]
+    assert page.locator("#rws-queues tr[data-queue=reports] td").nth(2).inner_text() == "4"
     assert page.locator(".rws-chart .row").count() == 3
     # Pause and resume with the row's button (a POST with the CSRF token).
     page.click("#rws-queues tr[data-queue=mailers] button[value=pause]")
@@ -159,6 +173,6 @@ def test_overview_page(page, live_server):
     page.click("#rws-queues tr[data-queue=mailers] button[value=resume]")
     page.wait_for_selector("text=Resumed queue mailers")
     assert rws.paused_queues() == []
-    page.click("#rws-queues tr[data-queue=mailers] td:nth-of-type(3) a")  # the "due now" count
+    page.click("#rws-queues tr[data-queue=mailers] td:nth-of-type(5) a")  # the "due now" count
     page.wait_for_selector("#result_list")
     assert page.locator("#result_list tbody tr").count() == 5
