@@ -16,7 +16,7 @@ from .registry import job, register
 
 if TYPE_CHECKING:
     from .declared_schedules import Schedule
-    from .models import Job
+    from .models import Job, Worker
 
 __all__ = [
     "job",
@@ -32,6 +32,7 @@ __all__ = [
     "pause_queue",
     "resume_queue",
     "paused_queues",
+    "workers",
     "JobTimeout",
 ]
 
@@ -144,3 +145,11 @@ def paused_queues(*, using: str | None = None) -> list[str]:
     from .queues import paused_queues as _paused
 
     return _paused(using=using)
+
+
+def workers(*, using: str | None = None) -> list[Worker]:
+    """The live workers: each running ``rws_worker`` process whose heartbeat is at most three
+    intervals old, with its host, pid, queues, the jobs it holds and its counts."""
+    from .worker_rows import workers as _workers
+
+    return _workers(using=using)

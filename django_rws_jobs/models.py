@@ -254,3 +254,45 @@ class QueueOverview(Job):
         verbose_name = _("queue overview")
         verbose_name_plural = _("queue overview")
         default_permissions = ()
+
+
+class Worker(models.Model):
+    """One row of ``rws_workers``: a live ``rws_worker`` process, registered at its start,
+    renewed with its leases (``heartbeat_at``, the queue's clock), removed at a clean stop
+    (worker_rows.py). A row whose heartbeat is older than three of its intervals is a dead worker's."""
+
+    id = models.CharField(max_length=191, primary_key=True, help_text=_("host:pid:random"))
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = models.TextField(blank=True, default="", help_text=_("comma-separated; empty: every queue"))
+    pool = models.CharField(max_length=16, help_text=_("threads or processes"))
+    executors = models.IntegerField()
+    version = models.CharField(max_length=64, help_text=_("django-rws-jobs' version"))
+    started_at = models.BigIntegerField(help_text=_("unix seconds"))
+    heartbeat_at = models.BigIntegerField(help_text=_("unix seconds: the last renewal"))
+    heartbeat_interval = models.FloatField(help_text=_("seconds between heartbeats"))
+    running = models.TextField(blank=True, default="[]", help_text=_("JSON: the ids of the jobs it holds"))
+    done = models.BigIntegerField(default=0, help_text=_("jobs that succeeded since its start"))
+    failed = models.BigIntegerField(default=0, help_text=_("failed attempts since its start"))
+
+    class Meta:
+        db_table = "rws_workers"
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return self.id
+
+    def alive(self, now: int) -> bool:
+        """Its heartbeat is at most three intervals old (worker_rows.DEAD_AFTER)."""
+        return now - self.heartbeat_at <= 3 * self.heartbeat_interval
+
+    def running_ids(self) -> list[str]:
+        import json
+
+        try:
+            ids = json.loads(self.running or "[]")
+        except ValueError:
+            return []
+        return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []

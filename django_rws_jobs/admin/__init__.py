@@ -1,5 +1,5 @@
 """The queue in Django's admin: jobs (read-only), the dead-letter list, schedules, a queue overview and
-django.tasks results.
+django.tasks results, and the workers.
 
 Importing this package (Django's admin autodiscovery does) registers the pages on ``admin.site``.
 """
@@ -9,5 +9,13 @@ from .jobs import JobAdmin
 from .overview_entry import QueueOverviewAdmin
 from .schedules import JobScheduleAdmin
 from .tasks import TaskResultAdmin
+from .workers import WorkerAdmin
 
-__all__ = ["FailedJobAdmin", "JobAdmin", "JobScheduleAdmin", "QueueOverviewAdmin", "TaskResultAdmin"]
+__all__ = [
+    "FailedJobAdmin",
+    "JobAdmin",
+    "JobScheduleAdmin",
+    "QueueOverviewAdmin",
+    "TaskResultAdmin",
+    "WorkerAdmin",
+]

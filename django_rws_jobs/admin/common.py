@@ -16,7 +16,7 @@ from django.utils.text import Truncator
 
 from .. import clock, humanize
 from ..db import queue_alias
-from ..models import FailedJob, Job, JobSchedule
+from ..models import FailedJob, Job, JobSchedule, Worker
 
 #: Rows a count on a big table reads at most: past it the jobs list says "more than", the
 #: overview "10000+".
@@ -132,4 +132,5 @@ def links(request: HttpRequest, model_admin: admin.ModelAdmin) -> dict[str, str 
         "jobs_url": url("job_changelist", Job),
         "dead_letter_url": url("failedjob_changelist", FailedJob),
         "schedules_url": url("jobschedule_changelist", JobSchedule),
+        "workers_url": url("worker_changelist", Worker),
     }

@@ -16,6 +16,7 @@ from ..reconnect import Connection, Retry
 from ..runner import recover
 from ..store import Claimed
 from ..tasks.prune import prune_expired
+from ..worker_rows import Registration, forget_dead, heartbeat_interval
 from .shared import Shared
 
 logger = logging.getLogger("django_rws_jobs")
@@ -32,8 +33,9 @@ class LeaseKeeper:
     ``done`` is set, after the completer recorded the last outcomes
     (tests/test_worker.py::test_sigterm_lets_the_running_job_finish_and_exits_0)."""
 
-    def __init__(self, shared: Shared):
+    def __init__(self, shared: Shared, registration: Registration | None = None):
         self.shared = shared
+        self.registration = registration  # this worker's row in rws_workers, renewed each round
         self.done = threading.Event()
         self.holder = Connection(shared.alias)
         self.db = Retry(self.holder, shared.stop)
@@ -46,7 +48,7 @@ class LeaseKeeper:
 
     def loop(self) -> None:
         try:
-            while not self.done.wait(max(self.lease / 3, 0.2)):
+            while not self.done.wait(heartbeat_interval()):
                 self.run_once()
         finally:
             self.holder.close()
@@ -59,12 +61,18 @@ class LeaseKeeper:
         try:
             if tokens:
                 self._renew(tokens)
+            if self.registration is not None:
+                self._beat(held)
             if time.monotonic() >= self.next_clock:
                 reading = self.db.once(lambda c: clock.read(c.connection()), "reading the database's clock")
                 self.warned_offset = clock.warn_if_off(reading, self.warned_offset)
                 self.next_clock = time.monotonic() + CLOCK_EVERY
             if time.monotonic() >= self.next_recovery and not self.shared.stop.is_set():
                 self.db.once(lambda c: recover(c.store()), "recovering expired leases")
+                self.db.once(
+                    lambda c: forget_dead(c.store(), int(clock.now(self.shared.alias))),
+                    "forgetting dead workers",
+                )
                 prune_expired(self.shared.alias)  # django.tasks results past their retention
                 self.next_recovery = time.monotonic() + jobs_settings.recovery_interval
         except DatabaseError as exc:
@@ -75,6 +83,18 @@ class LeaseKeeper:
             logger.exception("lease keeper error")
         finally:
             self._report_lapsed(held)
+
+    def _beat(self, held: list[Claimed]) -> None:
+        """Renew this worker's row: the queue's time, the jobs it holds, its counts."""
+        registration, stats = self.registration, self.shared.stats
+        assert registration is not None
+        running = sorted({job.id for job in held})
+        self.db.once(
+            lambda c: registration.beat(
+                c.store(), int(clock.now(self.shared.alias)), running, stats.done, stats.retried + stats.dead
+            ),
+            "renewing the worker's row",
+        )
 
     def _renew(self, tokens: list[str]) -> None:
         now = int(clock.now(self.shared.alias))

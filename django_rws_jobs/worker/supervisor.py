@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
 import signal
@@ -25,6 +26,7 @@ from ..runner import recover
 from ..schedules import tick_schedules
 from ..store import Claimed
 from ..validation import INT32_MAX, INT64_MAX, integer, queue_list
+from ..worker_rows import Registration, heartbeat_interval, touch
 from .completer import Completer, record_late_outcomes
 from .dispatcher import Dispatcher
 from .executor import Executor
@@ -61,6 +63,7 @@ class Worker:
         pool: str = "threads",
         max_jobs_per_child: int | None = None,
         max_memory_per_child: int | None = None,
+        heartbeat_file: str | None = None,
     ):
         # Bad arguments and settings raise here, before any thread starts
         # (tests/test_input.py::test_worker_refuses_bad_arguments_and_settings).
@@ -77,6 +80,9 @@ class Worker:
         self.features = backend_for(connections[self.alias]).features
         self.shared = Shared(self.alias, self.threads)
         self.pool = make_pool(pool, max_jobs_per_child, max_memory_per_child)
+        self.registration = Registration(worker_id(), self.queues, pool, self.threads, heartbeat_interval())
+        self.heartbeat_file = heartbeat_file
+        self._touched = -math.inf  # time.monotonic() of the heartbeat file's last touch
         self._threads: dict[str, threading.Thread] = {}
         self._started: dict[str, float] = {}  # role -> time.monotonic() of its thread's start
         self._signals = 0
@@ -119,7 +125,7 @@ class Worker:
                 tick_schedules(using=self.alias)
             finally:
                 connections.close_all()
-        self._keeper = LeaseKeeper(self.shared)
+        self._keeper = LeaseKeeper(self.shared, self.registration)
         self._keeper.warned_offset = self._warned_offset
         self._watchdog = Watchdog(self.shared, float(jobs_settings.TIMEOUT_GRACE))
         if self.pool is not None:
@@ -141,6 +147,7 @@ class Worker:
             reading, taken = Retry(holder, self.shared.stop).until_stopped(
                 lambda c: (clock.read(c.connection()), recover(c.store())), "recovering at start"
             )
+            self._register(holder)
             clock.kept_fresh_by_caller()  # the lease keeper reads it from now on
             self._log_start(reading)
             if taken:
@@ -156,6 +163,18 @@ class Worker:
         finally:
             holder.close()
         return True
+
+    def _register(self, holder: Connection) -> None:
+        """Insert this worker's row once its recovery is done (worker_rows.py). A transient failure
+        is left to the keeper's first heartbeat, which inserts a missing row; any other (no table
+        rws_workers: the migrations) stops the worker as a missing rws_jobs does."""
+        try:
+            Retry(holder, self.shared.stop).once(
+                lambda c: self.registration.register(c.store(), int(clock.now(self.alias))), "registering"
+            )
+        except DatabaseError as exc:
+            if not is_transient(exc):
+                raise
 
     def _log_start(self, reading: clock.Reading | None) -> None:
         """The start-up line, with the host's clock offset from the database's."""
@@ -220,7 +239,9 @@ class Worker:
         driver, a bug) is restarted later each time, instead of twice a second for ever."""
         deaths: dict[str, int] = {}  # role -> deaths in a row, each soon after its start
         restart_at: dict[str, float] = {}  # role -> when its dead thread is replaced
+        self._touch_heartbeat_file()
         while not self.shared.stop.wait(0.5):
+            self._touch_heartbeat_file()
             self._replace_abandoned(roles)
             now = time.monotonic()
             for name, t in list(self._threads.items()):
@@ -238,6 +259,17 @@ class Worker:
                 if now >= at:
                     del restart_at[name]
                     self._spawn(name, roles[name])
+
+    def _touch_heartbeat_file(self) -> None:
+        """Keep ``--heartbeat-file`` fresh, once a heartbeat interval, while this loop runs:
+        ``rws_health --heartbeat-file`` tells a live worker without the database."""
+        if self.heartbeat_file is None or time.monotonic() - self._touched < self.registration.interval:
+            return
+        try:
+            touch(self.heartbeat_file)
+            self._touched = time.monotonic()
+        except OSError as exc:
+            logger.error("could not touch the heartbeat file %s: %s", self.heartbeat_file, exc)
 
     def _replace_abandoned(self, roles: dict[str, Callable[[], None]]) -> None:
         """Start a new executor thread in place of each one the watchdog abandoned (it runs on,
@@ -284,6 +316,7 @@ class Worker:
             why = f"interrupted: it did not finish within SHUTDOWN_TIMEOUT ({timeout:g}s)"
             shared.hand_back(unfinished, why)
         record_late_outcomes(shared)
+        self._unregister()
         stats = shared.stats
         logger.info(
             "worker stopped: %d done, %d retried, %d dead, %d results dropped, %d timed out, "
@@ -297,6 +330,18 @@ class Worker:
             stats.children_lost,
         )
         return shared.exit_code
+
+    def _unregister(self) -> None:
+        """A clean stop removes the worker's row (a failure leaves it to die of age)."""
+        holder = Connection(self.alias)
+        try:
+            Retry(holder, threading.Event()).once(
+                lambda c: self.registration.remove(c.store()), "unregistering"
+            )
+        except DatabaseError as exc:
+            logger.error("could not remove this worker's row from rws_workers: %s", exc)
+        finally:
+            holder.close()
 
     def _unfinished(self) -> list[Claimed]:
         """Jobs still running, and jobs claimed but never started (only if executors are stuck)."""

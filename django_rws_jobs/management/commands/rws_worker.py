@@ -114,6 +114,13 @@ def _add_run_arguments(parser: CommandParser) -> None:
         action="store_false",
         help="do not run cron schedules in this process",
     )
+    parser.add_argument(
+        "--heartbeat-file",
+        default=None,
+        metavar="PATH",
+        help="touch this file once a heartbeat interval while the worker lives, for "
+        "`rws_health --heartbeat-file PATH` (a liveness probe that needs no database)",
+    )
 
 
 class Command(BaseCommand):
@@ -146,6 +153,7 @@ class Command(BaseCommand):
             pool=options["pool"],
             max_jobs_per_child=options["max_jobs_per_child"],
             max_memory_per_child=options["max_memory_per_child"],
+            heartbeat_file=options["heartbeat_file"],
         )
         if options["pool"] == "threads" and (
             options["max_jobs_per_child"] or options["max_memory_per_child"]

@@ -1,0 +1,121 @@
+"""Live workers: the rows of rws_workers, workers(), and the admin's Workers page, with real
+worker processes on the test run's database."""
+
+import json
+import signal
+import time
+
+import pytest
+from django.db import connection
+from django.urls import reverse
+
+import django_rws_jobs as rws
+from django_rws_jobs.models import Worker
+from django_rws_jobs.store import Store
+from django_rws_jobs.worker_rows import FORGET_AFTER, Registration, forget_dead
+from django_rws_jobs.worker_rows import workers as live
+from tests.test_worker import WorkerProcess, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: A heartbeat a second (LEASE_SECONDS / 3).
+FAST = {"LEASE_SECONDS": 3, "POLL_INTERVAL": 0.2, "SHUTDOWN_TIMEOUT": 1}
+T = 2_000_000_000
+
+
+def test_a_registration_inserts_beats_and_removes_its_row():
+    store = Store(connection)
+    me = Registration("host:1:abc", ["mail", "sms"], "threads", 4, 1.0)
+    me.register(store, T)
+    row = Worker.objects.get()
+    assert (row.id, row.queues, row.pool, row.executors, row.started_at, row.heartbeat_at) == (
+        "host:1:abc",
+        "mail,sms",
+        "threads",
+        4,
+        T,
+        T,
+    )
+    assert me.beat(store, T + 1, ["job-b", "job-a"], 10, 2)
+    row = Worker.objects.get()
+    assert (row.heartbeat_at, row.running_ids(), row.done, row.failed) == (T + 1, ["job-b", "job-a"], 10, 2)
+    assert [w.id for w in live(now=T + 4)] == ["host:1:abc"]  # 3 intervals: alive
+    assert live(now=T + 5) == []  # past 3 intervals: dead, left out
+    Worker.objects.all().delete()  # gone while it lives: the next beat registers it again
+    assert not me.beat(store, T + 2, [], 11, 2)
+    row = Worker.objects.get()
+    assert (row.started_at, row.heartbeat_at, row.done) == (T, T + 2, 11)  # its start is kept
+    me.remove(store)
+    assert not Worker.objects.exists()
+
+
+def test_a_dead_workers_row_is_forgotten_an_hour_after_its_last_heartbeat():
+    store = Store(connection)
+    Registration("old:1:a", None, "threads", 1, 1.0).register(store, T)
+    Registration("new:1:b", None, "threads", 1, 1.0).register(store, T + 10)
+    assert forget_dead(store, T + FORGET_AFTER) == 0
+    assert forget_dead(store, T + FORGET_AFTER + 1) == 1
+    assert list(Worker.objects.values_list("id", flat=True)) == ["new:1:b"]
+
+
+def test_the_workers_page_shows_each_worker_its_state_and_its_jobs(admin_client):
+    store = Store(connection)
+    now = int(time.time())
+    Registration("web-1:7:live", ["mail"], "processes", 2, 1.0).register(store, now)
+    Registration("web-2:8:gone", None, "threads", 4, 1.0).register(store, now - 60)
+    job_id = rws.enqueue("test.record", "x")
+    Registration("web-1:7:live", ["mail"], "processes", 2, 1.0).beat(store, now, [job_id], 5, 1)
+    page = admin_client.get(reverse("admin:django_rws_jobs_worker_changelist")).content.decode()
+    assert "web-1:7:live" in page and "web-2:8:gone" in page
+    assert page.count('class="rws-bad"') == 1 and ">dead<" in page  # the one without a heartbeat for 60 s
+    assert reverse("admin:django_rws_jobs_job_change", args=[job_id]) in page
+    assert "2 processes" in page and "(all)" in page
+    assert (
+        reverse("admin:django_rws_jobs_worker_changelist")
+        in admin_client.get(reverse("admin:django_rws_jobs_job_changelist")).content.decode()
+    )
+
+
+def ids_of_live():
+    return sorted(w.id for w in rws.workers())
+
+
+@pytest.mark.slow
+def test_workers_register_beat_and_leave(tmp_path, started):
+    """Two workers appear within a heartbeat with their queues and the job each holds; SIGTERM
+    removes a row; after kill -9 the row shows dead after three intervals; a row deleted while
+    its worker lives comes back."""
+    a = WorkerProcess(tmp_path, "--workers", "2", "--queues", "slow-a", jobs=FAST)
+    b = WorkerProcess(tmp_path, "--workers", "3", "--queues", "slow-b,other", jobs=FAST)
+    started += [a, b]
+    a.started()
+    b.started()
+    wait_for(lambda: len(rws.workers()) == 2, 5, what="two registered workers")
+    rows = {w.queues: w for w in rws.workers()}
+    assert set(rows) == {"slow-a", "slow-b,other"}
+    assert (rows["slow-a"].executors, rows["slow-b,other"].executors) == (2, 3)
+    assert {w.pid for w in rows.values()} == {a.proc.pid, b.proc.pid}
+    job_a = rws.enqueue("test.sleep", "30", queue="slow-a")
+    job_b = rws.enqueue("test.sleep", "30", queue="slow-b")
+
+    def holding():
+        return {w.queues: w.running_ids() for w in rws.workers()}
+
+    wait_for(lambda: holding() == {"slow-a": [job_a], "slow-b,other": [job_b]}, 5, what=f"holds: {holding()}")
+
+    a.signal(signal.SIGTERM)  # the sleep is cut short by SHUTDOWN_TIMEOUT: handed back, row removed
+    assert a.wait(60) == 0, a.output()
+    assert [w.queues for w in Worker.objects.all()] == ["slow-b,other"]
+
+    Worker.objects.all().delete()  # an operator's DELETE, or another worker's after a long pause
+    wait_for(lambda: [w.queues for w in rws.workers()] == ["slow-b,other"], 5, what="the row to come back")
+    assert "registered again" in b.output()
+
+    b.signal(signal.SIGKILL)
+    b.proc.wait()
+    killed = time.monotonic()
+    assert [w.queues for w in rws.workers()] == ["slow-b,other"]  # not yet: within 3 intervals
+    wait_for(lambda: rws.workers() == [], 10, what="the killed worker to show dead")
+    assert time.monotonic() - killed >= 1.5  # dead only after its heartbeats stopped for a while
+    row = Worker.objects.get()  # still listed, dead, until an hour has passed
+    assert json.loads(row.running) == [job_b]
