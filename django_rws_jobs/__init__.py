@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import JobTimeout
+from .exceptions import JobCancelled, JobTimeout
 from .registry import job, register
 
 if TYPE_CHECKING:
@@ -33,7 +33,9 @@ __all__ = [
     "resume_queue",
     "paused_queues",
     "workers",
+    "cancel",
     "JobTimeout",
+    "JobCancelled",
 ]
 
 
@@ -153,3 +155,12 @@ def workers(*, using: str | None = None) -> list[Worker]:
     from .worker_rows import workers as _workers
 
     return _workers(using=using)
+
+
+def cancel(job_id: str, *, by: str | None = None, using: str | None = None) -> bool:
+    """Cancel a pending, waiting or running job; False when no such job has that id. A running
+    job's worker stops its handler within about a second; a cancelled job is never retried.
+    ``by``: who asked, kept on the row."""
+    from .cancellation import cancel as _cancel
+
+    return _cancel(job_id, by=by, using=using)

@@ -66,6 +66,7 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "TIMEOUT": ("rws_jobs.E015", *_optional(_bounded(SECONDS, 0, WEEK, above=True))),
     "TIMEOUT_GRACE": ("rws_jobs.E016", *_bounded(SECONDS, 0, 3600, above=True)),
     "STATEMENT_DEADLINE": ("rws_jobs.E017", *_optional(_bounded(SECONDS, 1, DAY))),
+    "CANCELLED_RETENTION": ("rws_jobs.E021", *_bounded(SECONDS, 0, 100 * YEAR)),
     "SQLITE_SETUP_ALIASES": (
         "rws_jobs.E014",
         lambda v: (

@@ -35,6 +35,8 @@ DEFAULTS: dict[str, Any] = {
     "STATEMENT_DEADLINE": 20,
     # Queue limits, across every worker: {"mailers": {"concurrency": 10, "rate_limit": "100/m"}}.
     "QUEUES": {},
+    # Seconds a cancelled job's row is kept (visible, retryable) before a worker prunes it.
+    "CANCELLED_RETENTION": 7 * 86400,
 }
 
 

@@ -18,6 +18,9 @@ from .validation import INT64_MAX, show
 from .validation import integer as _int
 from .validation import job_id as _job_id
 
+#: The statuses retry() takes back: the dead-letter list and cancelled jobs.
+ENDED = (Status.FAILED, Status.CANCELLED)
+
 
 def back_in_queue() -> Case:
     """The status of a job put back: pending, or waiting when it has a concurrency key; its slot
@@ -30,13 +33,14 @@ def back_in_queue() -> Case:
 
 
 def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
-    """Put a failed job back, due now with attempts reset. False if there is no failed job
-    ``job_id``, or if a pending or running job already holds its unique key."""
+    """Put a failed or cancelled job back, due now with attempts reset. False if there is no
+    failed or cancelled job ``job_id``, or if a pending or running job already holds its unique
+    key."""
     job_id = _job_id(job_id)
     alias = queue_alias(using)
     now = int(clock.now(alias)) if now is None else _int("now", now, 0, INT64_MAX)
     with transaction.atomic(using=alias):
-        job = _by_id(alias, job_id).select_for_update().filter(status=Status.FAILED).first()
+        job = _by_id(alias, job_id).select_for_update().filter(status__in=ENDED).first()
         if job is None:
             return False
         digest = unique_hash(job.job_type, job.unique_key) if job.unique_key is not None else None
@@ -46,7 +50,7 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
             with transaction.atomic(using=alias):
                 changed = (
                     _by_id(alias, job_id)
-                    .filter(status=Status.FAILED)
+                    .filter(status__in=ENDED)
                     .update(
                         status=back_in_queue(),
                         concurrency_slot=None,
@@ -57,6 +61,9 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
                         locked_until=None,
                         failed_at=None,
                         task_history=None,  # a retried task starts a new history, as attempts do
+                        cancel_requested_at=None,
+                        cancelled_at=None,
+                        cancelled_by=None,
                     )
                 )
         except IntegrityError:

@@ -27,6 +27,9 @@ class Status(models.TextChoices):
     expired lease and by ``retry``; left by a worker's claim. ``running``: set by a claim; left by
     the worker's outcome (row deleted, back to pending, or failed) or by recovery. ``failed``: the
     dead-letter list, set when attempts exceed max_retries; left by ``retry`` or ``delete``.
+    ``cancelled``: set by ``cancel()`` on a pending or waiting job, or by the worker that held a
+    running one whose cancel was requested (``cancel_requested_at``); left by ``retry`` or
+    ``delete``, or pruned after CANCELLED_RETENTION (cancellation.py).
     ``waiting``: a job with a concurrency key, in every place where one without a key would be
     pending; left only for pending, by the promotion that gives it one of its key's slots
     (concurrency_keys.py).
@@ -36,6 +39,7 @@ class Status(models.TextChoices):
     RUNNING = "running", _("running")
     FAILED = "failed", _("failed")
     WAITING = "waiting", _("waiting")
+    CANCELLED = "cancelled", _("cancelled")
 
 
 #: The order in which jobs are claimed, as ``order_by`` takes it: highest priority first, then the
@@ -116,6 +120,10 @@ class Job(models.Model):
     concurrency_key = models.CharField(max_length=191, null=True, blank=True)
     concurrency_limit = models.IntegerField(null=True, blank=True, help_text=_("empty: 1"))
     concurrency_slot = models.IntegerField(null=True, blank=True, editable=False)
+    # Cancelling (cancellation.py): a running job's request, then when and by whom it ended.
+    cancel_requested_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds"))
+    cancelled_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds"))
+    cancelled_by = models.CharField(max_length=191, null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 
@@ -123,6 +131,7 @@ class Job(models.Model):
         db_table = "rws_jobs"
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
+        permissions = [("cancel_job", _("Can cancel jobs"))]
         indexes = [
             # The claim: for each priority band, due rows in order are one range that LIMIT stops,
             # and the next band is one probe (see backends.base.BaseBackend.claim); future rows lie past it.

@@ -14,9 +14,11 @@ from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections, transaction
 
 from . import clock
+from .cancellation import send_cancelled
 from .concurrency_keys import keys_of, promote
 from .conf import jobs_settings
 from .db import is_registered, is_transient, thread_connected
+from .exceptions import CANCELLED, cancel_message
 from .registry import registry
 from .signals import job_dead
 from .store import Claimed, Store
@@ -154,10 +156,14 @@ def record(store: Store, job: Claimed, error: Any, tb: str | None, expired_befor
 
     A row runner's row (a django.tasks row) is recorded by its runner, a failure and recovery's
     error text included (tests/test_tasks_worker.py)."""
+    if isinstance(error, str) and error.startswith(CANCELLED):  # its handler was stopped: cancelled
+        return (
+            "cancelled" if record_cancel(store, job, error, tb, expired_before) else _lost(job, "cancelled")
+        )
     if error is not None:
         rows = registry.row_runner(job.job_type)
         if rows is not None:
-            return rows.record(store, job, error, expired_before)
+            return rows.record(store, job, error, expired_before)  # a cancel included (outcomes.py)
     if error is None:
         applied, outcome = store.complete(job), "done"
     else:
@@ -165,16 +171,41 @@ def record(store: Store, job: Claimed, error: Any, tb: str | None, expired_befor
         tb = None if tb is None else storable(tb, TRACEBACK_MAX, keep_end=True)
         applied, outcome = _record_failure(store, job, error, tb, clock.now(store.conn.alias), expired_before)
     if not applied:
-        logger.warning(
-            "job %s (%s): result %r dropped: claim %s no longer holds it "
-            "(its lease expired and another worker took it over)",
-            job.id,
-            job.job_type,
-            outcome,
-            job.token,
-        )
-        return "lost"
+        if outcome != "done" and record_cancel(store, job, None, None, expired_before):
+            return "cancelled"  # failed (or its worker was lost) after a cancel was requested
+        return _lost(job, outcome)
     return outcome
+
+
+def _lost(job: Claimed, outcome: str) -> str:
+    logger.warning(
+        "job %s (%s): result %r dropped: claim %s no longer holds it "
+        "(its lease expired and another worker took it over)",
+        job.id,
+        job.job_type,
+        outcome,
+        job.token,
+    )
+    return "lost"
+
+
+def record_cancel(
+    store: Store, job: Claimed, error: str | None, tb: str | None, expired_before: int | None = None
+) -> bool:
+    """End a held job whose cancel was requested as cancelled (fenced; False if none was
+    requested or the claim is gone), and send job_cancelled once committed."""
+    now = int(clock.now(store.conn.alias))
+    if error is None:
+        error = cancel_message(None, running=True)
+    if not store.cancel_running(job, error, tb, now, expired_before):
+        return False
+    logger.warning("job %s (%s) cancelled while it ran", job.id, job.job_type)
+    cancelled = job.as_job(status="cancelled", cancelled_at=now, last_error=error, traceback=tb)
+    if is_registered(store.conn):  # tick() inside the caller's transaction: after it commits
+        transaction.on_commit(lambda: send_cancelled(cancelled), using=store.conn.alias)
+    else:
+        send_cancelled(cancelled)
+    return True
 
 
 def _record_failure(

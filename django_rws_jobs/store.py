@@ -132,13 +132,24 @@ class Store:
 
     # -- outcomes (each fenced on the claim's token) ---------------------------------------------
 
-    def fenced(self, sql: str, params: list[Any], job: Claimed, expired_before: int | None = None) -> bool:
+    def fenced(
+        self,
+        sql: str,
+        params: list[Any],
+        job: Claimed,
+        expired_before: int | None = None,
+        cancel_requested: bool | None = None,
+    ) -> bool:
         """Apply ``sql`` only while ``job.token`` still holds the row (and, for recovery, only
-        while its lease is still expired: a holder that renewed in time keeps it)."""
+        while its lease is still expired: a holder that renewed in time keeps it). With
+        ``cancel_requested`` False, only if nobody asked to cancel the job; True, only if someone
+        did (cancel_running): a job whose cancel was requested never goes back to the queue."""
         fenced = Sql(sql, params)
         fenced.add(" WHERE id = %s AND status = 'running' AND locked_by = %s", job.id, job.token)
         if expired_before is not None:
             fenced.add(" AND locked_until < %s", expired_before)
+        if cancel_requested is not None:
+            fenced.add(f" AND cancel_requested_at IS {'NOT ' if cancel_requested else ''}NULL")
         with self.writes, self.cursor() as c:
             c.execute(*fenced)
             return c.rowcount == 1
@@ -161,6 +172,7 @@ class Store:
             [attempts, error, tb, next_run_at],
             job,
             expired_before,
+            cancel_requested=False,
         )
 
     def move_to_dead_letters(
@@ -180,12 +192,30 @@ class Store:
             [attempts, error, tb, now],
             job,
             expired_before,
+            cancel_requested=False,
+        )
+
+    def cancel_running(
+        self, job: Claimed, error: str, tb: str | None, now: int, expired_before: int | None = None
+    ) -> bool:
+        """End a held job whose cancel was requested: ``cancelled``, never retried; its unique key
+        and concurrency slot freed (cancellation.py)."""
+        return self.fenced(
+            "UPDATE rws_jobs SET status = 'cancelled', cancelled_at = %s, last_error = %s, traceback = %s, "
+            "unique_hash = NULL, concurrency_slot = NULL, locked_by = NULL, locked_until = NULL",
+            [now, error, tb],
+            job,
+            expired_before,
+            cancel_requested=True,
         )
 
     def release(self, job: Claimed) -> bool:
         """Hand a job back unrun (graceful shutdown): pending (or waiting) again, no attempt charged."""
         return self.fenced(
-            f"UPDATE rws_jobs SET {BACK_IN_QUEUE}, locked_by = NULL, locked_until = NULL", [], job
+            f"UPDATE rws_jobs SET {BACK_IN_QUEUE}, locked_by = NULL, locked_until = NULL",
+            [],
+            job,
+            cancel_requested=False,
         )
 
     # -- leases ----------------------------------------------------------------------------------

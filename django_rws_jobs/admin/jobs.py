@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
@@ -13,8 +13,10 @@ from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from .. import humanize
+from ..cancellation import cancel
 from ..conf import jobs_settings
 from ..db import queue_alias
 from ..models import Job, JobQuerySet, Status
@@ -176,6 +178,17 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
         slot = "" if obj.concurrency_slot is None else f", {_('holds slot')} {obj.concurrency_slot}"
         return f"{obj.concurrency_key} ({_('limit')} {obj.concurrency_limit or 1}{slot})"
 
+    @admin.display(description=_("cancelled"))
+    def cancel_detail(self, obj: Job) -> SafeString | str:
+        """When and by whom a job was cancelled, or its cancel requested while it runs."""
+        if obj.cancelled_at is not None:
+            return format_html("{} ({})", _time_detail(obj.cancelled_at), obj.cancelled_by or _("by the API"))
+        if obj.cancel_requested_at is not None:
+            return format_html(
+                "{} {} ({})", _("requested"), _time_detail(obj.cancel_requested_at), obj.cancelled_by or "-"
+            )
+        return "-"
+
     @admin.display(description=_("payload"))
     def payload_detail(self, obj: Job) -> SafeString | str:
         return pre(obj.payload)
@@ -200,6 +213,7 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
                     "priority",
                     "unique_key",
                     "concurrency_detail",
+                    "cancel_detail",
                     "runs",
                     "timeout_detail",
                 )
@@ -217,6 +231,12 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
     list_per_page = 50
 
 
+#: The permission the jobs list's cancel action needs (Job's Meta.permissions).
+CANCEL_PERMISSION = "django_rws_jobs.cancel_job"
+#: Jobs one run of the cancel action cancels at most.
+CANCEL_MAX = 10_000
+
+
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
     """Every job, view only: jobs change through the queue's API, the worker and the dead-letter list."""
@@ -229,9 +249,33 @@ class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
     # (tests/test_admin_input.py::test_the_jobs_list_reads_no_more_rows_than_it_shows).
     ordering = ("status", "next_run_at", "priority", "id")
     paginator = CappedCountPaginator
-    actions = None
+    actions = ["cancel_selected"]
     change_list_template = "django_rws_jobs/admin/job_change_list.html"
     change_form_template = "django_rws_jobs/admin/job_change_form.html"
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(CANCEL_PERMISSION)
+
+    @admin.action(description=_("Cancel selected jobs"), permissions=["cancel"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        """Cancel the selected jobs that are pending, waiting or running (a running one's worker
+        stops it within about a second); the others are left as they are."""
+        live = queryset.filter(status__in=(Status.PENDING, Status.WAITING, Status.RUNNING)).order_by()
+        ids = list(live.values_list("pk", flat=True)[: CANCEL_MAX + 1])
+        by = f"admin:{request.user.get_username()}"
+        done = sum(cancel(job_id, by=by, using=queue_alias()) for job_id in ids[:CANCEL_MAX])
+        self.message_user(
+            request,
+            ngettext("Cancelled %(n)d job.", "Cancelled %(n)d jobs.", done) % {"n": done}
+            + (" " + _("Running ones stop within about a second.") if done else ""),
+            messages.SUCCESS if done else messages.WARNING,
+        )
+        if len(ids) > CANCEL_MAX:
+            self.message_user(
+                request,
+                _("Only the first %(n)d were cancelled; run it again.") % {"n": CANCEL_MAX},
+                messages.WARNING,
+            )
 
     def get_urls(self) -> list[URLPattern]:
         info = self.opts.app_label, self.opts.model_name

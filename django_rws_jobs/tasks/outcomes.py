@@ -17,7 +17,7 @@ from .. import clock
 from ..backends.base import is_registered
 from ..exceptions import TIMED_OUT, JobTimeout
 from ..registry import TASK_PREFIX
-from ..runner import ERROR_MAX, retry_at, send_dead, storable
+from ..runner import ERROR_MAX, record_cancel, retry_at, send_dead, storable
 from ..store import BACK_IN_QUEUE, Claimed, Store
 from . import history
 from .errors import WorkerLost
@@ -85,6 +85,8 @@ def record_task(store: Store, job: Claimed, outcome: TaskOutcome, expired_before
         applied, what = _succeed(store, job, outcome, after), "done"
     else:
         applied, what = _fail(store, job, outcome, after, expired_before)
+    if not applied and what != "done" and record_cancel(store, job, None, None, expired_before):
+        return "cancelled"  # it failed after a cancel was requested: not retried
     if not applied:
         logger.warning(
             "task %s (%s): result %r dropped: claim %s no longer holds it",
@@ -204,14 +206,15 @@ def _fail(
             f"UPDATE rws_jobs SET {BACK_IN_QUEUE}, attempts = %s, last_error = %s, traceback = %s, "
             "next_run_at = %s, task_history = %s, locked_by = NULL, locked_until = NULL"
         )
-        return store.fenced(sql, [attempts, last_error, tb, due, text], job, expired_before), "retry"
+        applied = store.fenced(sql, [attempts, last_error, tb, due, text], job, expired_before, False)
+        return applied, "retry"
     now = int(outcome.finished)
     sql = (
         "UPDATE rws_jobs SET status = 'failed', attempts = %s, last_error = %s, traceback = %s, "
         "failed_at = %s, task_history = %s, unique_hash = NULL, concurrency_slot = NULL, locked_by = NULL, "
         "locked_until = NULL"
     )
-    applied = store.fenced(sql, [attempts, last_error, tb, now, text], job, expired_before)
+    applied = store.fenced(sql, [attempts, last_error, tb, now, text], job, expired_before, False)
     if applied:
         dead = job.as_job(
             status="failed", attempts=attempts, last_error=last_error, traceback=tb, failed_at=now

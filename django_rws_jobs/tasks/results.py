@@ -10,6 +10,7 @@ from typing import Any
 from django.db import connections
 from django.utils.module_loading import import_string
 
+from ..exceptions import JobCancelled
 from . import history
 from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
 
@@ -22,12 +23,13 @@ STATUSES = {
     "running": TaskResultStatus.RUNNING,
     "failed": TaskResultStatus.FAILED,
     "waiting": TaskResultStatus.READY,  # its concurrency key at its limit
+    "cancelled": TaskResultStatus.FAILED,  # with a JobCancelled error (rows.py)
 }
 
 #: A task's job row, or its result row: the same columns, in this order.
 RESULT_SQL = (
     "SELECT id, job_type, payload, status, queue, priority, started_at, locked_by, task_history, "
-    "NULL, failed_at FROM rws_jobs WHERE id = %s "
+    "NULL, COALESCE(failed_at, cancelled_at) FROM rws_jobs WHERE id = %s "
     "UNION ALL "
     "SELECT id, task_path, payload, 'successful', queue, priority, NULL, NULL, history, return_value, "
     "finished_at FROM rws_task_results WHERE id = %s"
@@ -91,12 +93,20 @@ def build(row: tuple[Any, ...], prefix: str) -> TaskResult:
         args=payload.get("args", []),
         kwargs=payload.get("kwargs", {}),
         backend=payload.get("backend", task.backend),
-        errors=[TaskError(**e) for e in past.get("errors") or []],
+        errors=[TaskError(**e) for e in past.get("errors") or []] + _cancelled(status),
         worker_ids=worker_ids,
     )
     if state == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", history.load_value(value))
     return result
+
+
+def _cancelled(status: str) -> list[TaskError]:
+    """A cancelled task's last error: JobCancelled (cancellation.py)."""
+    if status != "cancelled":
+        return []
+    name = f"{JobCancelled.__module__}.{JobCancelled.__qualname__}"
+    return [TaskError(exception_class_path=name, traceback=f"{name}: the task was cancelled\n")]
 
 
 def _as_enqueued(task: Task, payload: dict[str, Any], queue: str, priority: Any) -> Task:

@@ -104,9 +104,10 @@ class Child:
             self.kill(0)
         self.conn.close()
 
-    def kill(self, grace: float) -> None:
+    def kill(self, grace: float, *, close: bool = True) -> None:
         """SIGTERM (which raises SystemExit in the child, so its ``finally`` blocks run), then
-        SIGKILL if it is still there ``grace`` seconds later."""
+        SIGKILL if it is still there ``grace`` seconds later. ``close=False`` leaves the pipe to
+        the executor that reads it (a cancel: worker/pool.py)."""
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             if not self.process.is_alive():
                 break
@@ -115,7 +116,8 @@ class Child:
             except ProcessLookupError:
                 break
             self.process.join(wait)
-        self.conn.close()
+        if close:
+            self.conn.close()
 
 
 def _terminate(signum: int, frame: Any) -> None:

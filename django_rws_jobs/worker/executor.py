@@ -8,10 +8,11 @@ import traceback
 from django.db import connections
 
 from ..conf import jobs_settings
-from ..runner import describe, execute
+from ..exceptions import JobCancelled, cancel_message
+from ..runner import TRACEBACK_MAX, describe, execute, storable
 from ..store import Claimed
 from .shared import Shared
-from .timeouts import Watchdog, timeout_for
+from .timeouts import Watchdog, async_raise, timeout_for
 
 
 class Executor:
@@ -27,16 +28,57 @@ class Executor:
         self.shared = shared
         self.watchdog = watchdog
         self.default_timeout = jobs_settings.TIMEOUT
+        # The job whose handler a cancel may stop, and whether one was raised for it (see cancel).
+        # A plain Lock: entered by C code only, as the watchdog's.
+        self.cancel_lock = threading.Lock()
+        self.running: Claimed | None = None
+        self.ident = 0
+        self.cancel_raised = False
 
     def loop(self) -> None:
+        ident = threading.get_ident()
+        self.shared.executors[ident] = self
         try:
             while self.run_once():
                 pass
         finally:
+            self.shared.executors.pop(ident, None)
             connections.close_all()
 
+    def cancel(self, job: Claimed) -> bool:
+        """Stop ``job``'s handler if this executor runs it now: JobCancelled raised in its thread
+        at its next bytecode (a blocking C call is not interrupted; see README)."""
+        with self.cancel_lock:
+            if self.running is not job:
+                return False
+            self.cancel_raised = True
+            async_raise(self.ident, JobCancelled)
+            return True
+
     def execute(self, job: Claimed) -> tuple[bool, str | None, str | None]:
-        """Run ``job``: (abandoned, error, traceback)."""
+        """Run ``job``: (abandoned, error, traceback). From the moment ``running`` is set, a
+        JobCancelled may arrive at any bytecode of this frame: everything after it is inside the
+        try whose handler records it, and _stop_cancels drops one raised but not delivered."""
+        try:
+            try:
+                with self.cancel_lock:
+                    self.running, self.ident, self.cancel_raised = job, threading.get_ident(), False
+                return self._run(job)
+            finally:
+                self._stop_cancels()
+        except JobCancelled:
+            self._stop_cancels()
+            tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
+            return False, cancel_message(None, running=True), tb
+
+    def _stop_cancels(self) -> None:
+        with self.cancel_lock:
+            if self.running is not None:
+                if self.cancel_raised:
+                    async_raise(self.ident, None)  # not delivered yet: it must not hit the executor
+                self.running = None
+
+    def _run(self, job: Claimed) -> tuple[bool, str | None, str | None]:
         seconds = timeout_for(job, self.default_timeout)
         if seconds is None or self.watchdog is None:
             return (False, *execute(job))

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Any
 
 from django.db import Error as DatabaseError
 from django.db import connections
 
 from .. import clock
+from ..cancellation import prune_cancelled
 from ..conf import jobs_settings
 from ..db import is_transient
 from ..reconnect import Connection, Retry
@@ -69,10 +71,7 @@ class LeaseKeeper:
                 self.next_clock = time.monotonic() + CLOCK_EVERY
             if time.monotonic() >= self.next_recovery and not self.shared.stop.is_set():
                 self.db.once(lambda c: recover(c.store()), "recovering expired leases")
-                self.db.once(
-                    lambda c: forget_dead(c.store(), int(clock.now(self.shared.alias))),
-                    "forgetting dead workers",
-                )
+                self.db.once(lambda c: self._tidy(c.store()), "tidying workers and cancelled jobs")
                 prune_expired(self.shared.alias)  # django.tasks results past their retention
                 self.next_recovery = time.monotonic() + jobs_settings.recovery_interval
         except DatabaseError as exc:
@@ -83,6 +82,12 @@ class LeaseKeeper:
             logger.exception("lease keeper error")
         finally:
             self._report_lapsed(held)
+
+    def _tidy(self, store: Any) -> None:
+        """Delete dead workers' rows after an hour, and cancelled jobs past their retention."""
+        now = int(clock.now(self.shared.alias))
+        forget_dead(store, now)
+        prune_cancelled(store, now, float(jobs_settings.CANCELLED_RETENTION))
 
     def _beat(self, held: list[Claimed]) -> None:
         """Renew this worker's row: the queue's time, the jobs it holds, its counts."""

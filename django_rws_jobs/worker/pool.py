@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable
 
 from ..conf import jobs_settings
-from ..exceptions import timeout_message
+from ..exceptions import cancel_message, timeout_message
 from ..store import Claimed
 from ..validation import INT32_MAX, INT64_MAX, integer
 from .child import Child, ChildDied
@@ -148,10 +148,34 @@ class ProcessExecutor(Executor):
         child.send(job)
         return child
 
+    def cancel(self, job: Claimed) -> bool:
+        """Stop ``job`` if this executor's child runs it: SIGTERM (SystemExit in the handler), then
+        SIGKILL after TIMEOUT_GRACE; the job is recorded cancelled unless it succeeded first."""
+        with self.cancel_lock:
+            child = self.child
+            if self.running is not job or child is None:
+                return False
+            self.cancel_raised = True
+        # Not in this (the watcher's) thread: the grace may be seconds. Its executor sees the
+        # child die (ChildDied) or answer its SystemExit.
+        threading.Thread(
+            target=child.kill, args=(self.pool.grace,), kwargs={"close": False}, daemon=True
+        ).start()
+        return True
+
     def execute(self, job: Claimed) -> tuple[bool, str | None, str | None]:
         started = time.monotonic()
+        with self.cancel_lock:
+            self.running, self.cancel_raised = job, False
         try:
-            return self._execute(job)
+            abandoned, error, tb = self._execute(job)
+            with self.cancel_lock:
+                cancelled, self.running = self.cancel_raised, None
+            if cancelled and error is not None and not abandoned:
+                if self.child is not None:  # it may have answered its SystemExit: not to be reused
+                    self._drop(self.child, kill=True)
+                return False, cancel_message(None, running=True), None
+            return abandoned, error, tb
         finally:
             took = time.monotonic() - started
             recent = self.shared.recent_run

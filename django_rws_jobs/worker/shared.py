@@ -6,12 +6,14 @@ import logging
 import queue
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import Error as DatabaseError
 
 from .. import clock
 from ..concurrency_keys import keys_of, promote
 from ..reconnect import Connection
+from ..runner import record_cancel
 from ..store import Claimed
 
 logger = logging.getLogger("django_rws_jobs")
@@ -29,6 +31,7 @@ class Stats:
     timed_out: int = 0
     abandoned: int = 0  # executor threads given up on (see worker/timeouts.py)
     children_lost: int = 0  # child processes that died mid-job (see worker/pool.py)
+    cancelled: int = 0  # jobs cancelled while this worker held them (cancellation.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, name: str) -> None:
@@ -38,7 +41,13 @@ class Stats:
     def add(self, outcomes: list[str]) -> None:
         with self.lock:
             for outcome in outcomes:
-                attr = {"done": "done", "retry": "retried", "dead": "dead", "lost": "lost"}[outcome]
+                attr = {
+                    "done": "done",
+                    "retry": "retried",
+                    "dead": "dead",
+                    "lost": "lost",
+                    "cancelled": "cancelled",
+                }[outcome]
                 setattr(self, attr, getattr(self, attr) + 1)
 
 
@@ -88,6 +97,7 @@ class Shared:
         self.held: dict[tuple[str, str], Claimed] = {}
         self.held_lock = threading.Lock()
         self.executing: dict[int, Claimed] = {}  # executor thread ident -> job it runs
+        self.executors: dict[int, Any] = {}  # executor thread ident -> its Executor (cancels.py)
         # Executor threads the watchdog gave up on (guarded by ``cond``): the supervisor starts
         # new ones in their place.
         self.abandoned: set[int] = set()
@@ -139,6 +149,8 @@ class Shared:
                     if holder.store().release(job):
                         released.append(job)
                         logger.warning("job %s (%s) handed back: %s", job.id, job.job_type, why)
+                    elif record_cancel(holder.store(), job, None, None):  # its cancel was requested
+                        released.append(job)
                 except DatabaseError as exc:
                     logger.error("could not hand back job %s: %s; its lease will expire", job.id, exc)
                     holder.reset()

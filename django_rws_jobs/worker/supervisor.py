@@ -27,6 +27,7 @@ from ..schedules import tick_schedules
 from ..store import Claimed
 from ..validation import INT32_MAX, INT64_MAX, integer, queue_list
 from ..worker_rows import Registration, heartbeat_interval, touch
+from .cancels import CancelWatcher
 from .completer import Completer, record_late_outcomes
 from .dispatcher import Dispatcher
 from .executor import Executor
@@ -128,6 +129,7 @@ class Worker:
         self._keeper = LeaseKeeper(self.shared, self.registration)
         self._keeper.warned_offset = self._warned_offset
         self._watchdog = Watchdog(self.shared, float(jobs_settings.TIMEOUT_GRACE))
+        self._cancels = CancelWatcher(self.shared)
         if self.pool is not None:
             self.pool.prestart(self.threads)
         roles = self._roles()
@@ -215,6 +217,7 @@ class Worker:
         ).loop()
         roles["rws-completer"] = lambda: Completer(shared).loop()
         roles["rws-keeper"] = self._keeper.loop
+        roles["rws-cancels"] = self._cancels.loop
         if self.run_schedules and not self.burst:
             roles["rws-scheduler"] = lambda: Scheduler(shared.stop, self.alias).loop()
         if self.features.wakeup == "listen" and not self.burst:
@@ -302,7 +305,8 @@ class Worker:
         shared.results.put(None)
         self._threads["rws-completer"].join(max(float(jobs_settings.LEASE_SECONDS), 10))
         self._keeper.done.set()
-        for name in ("rws-keeper", "rws-listener"):
+        self._cancels.done.set()
+        for name in ("rws-keeper", "rws-listener", "rws-cancels"):
             if name in self._threads:
                 self._threads[name].join(5)
         # Last: jobs whose handlers are still running are handed back, and the process exits at

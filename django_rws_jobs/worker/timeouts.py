@@ -32,7 +32,7 @@ def timeout_for(job: Claimed, default: float | None) -> float | None:
     return time_limit(job.timeout, job.job_type, default)[0]
 
 
-def _async_raise(ident: int, exc: type[BaseException] | None) -> None:
+def async_raise(ident: int, exc: type[BaseException] | None) -> None:
     """Raise ``exc`` in thread ``ident`` at its next bytecode; None drops one not yet raised."""
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc) if exc else None)
 
@@ -102,7 +102,7 @@ class Watchdog:
                 watch.finished = True
                 self.watches.discard(watch)
                 if watch.fired and not watch.abandoned:
-                    _async_raise(watch.ident, None)  # not delivered yet: it must not hit the executor
+                    async_raise(watch.ident, None)  # not delivered yet: it must not hit the executor
 
     def close(self) -> None:
         self.closed = True
@@ -131,7 +131,7 @@ class Watchdog:
                     next_at = min(next_at, watch.deadline)
                     continue
                 watch.fired = True
-                _async_raise(watch.ident, JobTimeout)
+                async_raise(watch.ident, JobTimeout)
                 self.shared.stats.count("timed_out")
             if now < watch.deadline + self.grace:
                 next_at = min(next_at, watch.deadline + self.grace)

@@ -1,0 +1,105 @@
+"""Cancelling jobs: ``cancel(job_id)``.
+
+A pending or waiting job becomes ``cancelled`` at once, in one statement, and no claim reads it
+again. A running job is asked: ``cancel_requested_at`` is set on its row, and the worker that
+holds it sees the request (worker/cancels.py) and stops the handler; whatever then ends the
+claim (the stopped handler, a failure, a hand-back, recovery of an expired lease) writes
+``cancelled`` instead of putting the job back, because every statement that puts a held job back
+applies only while no cancel was requested (Store.fenced's ``cancel_requested``), and
+Store.cancel_running applies only when one was. A handler that succeeds first deletes its row as
+always: the job stays done. Pinned by tests/test_cancel.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.db import transaction
+
+from . import clock
+from .db import queue_alias
+from .exceptions import cancel_message
+from .models import Job, Status
+from .signals import job_cancelled
+from .validation import job_id as _job_id
+from .validation import text as _text
+
+logger = logging.getLogger("django_rws_jobs")
+
+#: Cancelled rows a worker prunes in one statement.
+PRUNE_BATCH = 1000
+
+
+def cancel(job_id: str, *, by: str | None = None, using: str | None = None) -> bool:
+    """Cancel a pending, waiting or running job; False when no such job has that id.
+
+    ``by`` (who asked; the admin passes the user) is kept on the row with the time. A running
+    job's worker stops its handler within about a second and records it cancelled; it is never
+    retried. Send ``job_cancelled`` once the job is cancelled (a running one: by its worker)."""
+    job_id = _job_id(job_id)
+    if by is not None:
+        by = _text("by", by, limit=191)
+    alias = queue_alias(using)
+    now = int(clock.now(alias))
+    jobs = Job.objects.using(alias).filter(id=job_id)
+    with transaction.atomic(using=alias):
+        waiting = list(jobs.filter(status__in=(Status.PENDING, Status.WAITING)).select_for_update())
+        if waiting:
+            error = cancel_message(by, running=False)
+            jobs.filter(status__in=(Status.PENDING, Status.WAITING)).update(
+                status=Status.CANCELLED,
+                cancelled_at=now,
+                cancelled_by=by,
+                last_error=error,
+                unique_hash=None,
+                concurrency_slot=None,
+            )
+            job = waiting[0]
+            job.status, job.cancelled_at, job.cancelled_by, job.last_error = Status.CANCELLED, now, by, error
+            key = job.concurrency_key if job.concurrency_slot is not None else None
+            transaction.on_commit(lambda: _after_cancel(job, key, alias), using=alias)
+            return True
+        asked = jobs.filter(status=Status.RUNNING, cancel_requested_at__isnull=True).update(
+            cancel_requested_at=now, cancelled_by=by
+        )
+        return bool(asked) or jobs.filter(status=Status.RUNNING).exists()
+
+
+def _after_cancel(job: Job, freed_key: str | None, alias: str) -> None:
+    """A pending job that held its key's slot frees it for the key's next job."""
+    if freed_key is not None:
+        from django.db import connections
+
+        from .concurrency_keys import promote
+        from .store import Store
+
+        promote(Store(connections[alias]), [freed_key], int(clock.now(alias)))
+    send_cancelled(job)
+
+
+def send_cancelled(job: Any) -> None:
+    """Send job_cancelled to each receiver in turn; what a receiver raises is logged."""
+    sync_receivers, async_receivers = job_cancelled._live_receivers(type(job))
+    for receiver in [*sync_receivers, *(async_to_sync(r) for r in async_receivers)]:
+        try:
+            receiver(signal=job_cancelled, sender=type(job), job=job)
+        except BaseException:
+            logger.exception("job_cancelled receiver %r raised for job %s", receiver, job.id)
+
+
+def prune_cancelled(store: Any, now: int, retention: float) -> int:
+    """Delete up to PRUNE_BATCH cancelled jobs cancelled more than ``retention`` seconds ago."""
+    with store.writes, store.cursor() as c:
+        c.execute(
+            "SELECT id FROM rws_jobs WHERE status = 'cancelled' AND cancelled_at < %s "
+            f"ORDER BY cancelled_at LIMIT {PRUNE_BATCH}",
+            [now - retention],
+        )
+        ids = [row[0] for row in c.fetchall()]
+        if not ids:
+            return 0
+        marks = ", ".join(["%s"] * len(ids))
+        c.execute(f"DELETE FROM rws_jobs WHERE id IN ({marks}) AND status = 'cancelled'", ids)
+        return c.rowcount

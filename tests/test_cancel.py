@@ -1,0 +1,214 @@
+"""Cancelling jobs: cancel(), what ends a held job whose cancel was requested, pruning, the
+admin's action, and real workers stopping running handlers (thread and process pools)."""
+
+import signal
+import time
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.urls import reverse
+
+import django_rws_jobs as rws
+from django_rws_jobs.cancellation import prune_cancelled
+from django_rws_jobs.models import Job
+from django_rws_jobs.runner import WORKER_LOST, record, recover
+from django_rws_jobs.signals import job_cancelled
+from django_rws_jobs.store import Store
+from tests.test_worker import WorkerProcess, wait_for
+from tests.testapp.models import Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T = 2_000_000_000
+
+
+@pytest.fixture
+def cancelled_signals():
+    got = []
+
+    def receiver(sender, job, **kwargs):
+        got.append((job.id, job.status))
+
+    job_cancelled.connect(receiver)
+    yield got
+    job_cancelled.disconnect(receiver)
+
+
+def claim(store, n=10, token="w#1", now=T):
+    return store.claim(token, now, now + 60, None, n)
+
+
+def test_a_pending_job_is_cancelled_at_once_and_never_runs(cancelled_signals):
+    job_id = rws.enqueue("test.record", "never", unique="u1")
+    assert rws.cancel(job_id, by="ops")
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.cancelled_by, job.cancelled_at is not None) == ("cancelled", "ops", True)
+    assert job.last_error == "JobCancelled: cancelled by ops before it ran"
+    assert cancelled_signals == [(job_id, "cancelled")]
+    assert not rws.tick()  # nothing to claim
+    assert not Run.objects.exists()
+    assert rws.enqueue("test.record", "again", unique="u1") != job_id  # its unique key is free
+    assert not rws.cancel(job_id)  # no longer pending or running
+    assert not rws.cancel("no-such-job")
+    with pytest.raises(TypeError, match="job id must be a str, got int 5"):
+        rws.cancel(5)
+
+
+def test_cancelling_a_waiting_keyed_job_and_a_slot_holder_promotes_the_next():
+    from django_rws_jobs.concurrency_keys import KeySweep
+
+    first, second = (rws.enqueue("test.keyed", str(i), concurrency_key="k") for i in range(2))
+    KeySweep().sweep(Store(connection), int(time.time()))
+    assert Job.objects.get(id=first).concurrency_slot == 0
+    assert rws.cancel(first)  # it held the key's slot: the next job gets it
+    assert Job.objects.get(id=first).concurrency_slot is None
+    assert (Job.objects.get(id=second).status, Job.objects.get(id=second).concurrency_slot) == ("pending", 0)
+
+
+def test_a_cancelled_job_can_be_retried_and_runs_or_deleted():
+    job_id = rws.enqueue("test.record", "later")
+    rws.cancel(job_id)
+    assert [j.id for j in rws.jobs(status="cancelled")] == [job_id]
+    assert rws.retry(job_id)
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.cancelled_at, job.cancelled_by) == ("pending", None, None)
+    assert rws.tick() and Run.objects.filter(payload="later").exists()
+    other = rws.enqueue("test.record", "x")
+    rws.cancel(other)
+    assert rws.delete(other) and not Job.objects.filter(id=other).exists()
+
+
+def test_a_held_job_with_a_request_ends_cancelled_however_its_claim_ends(cancelled_signals):
+    """The request reaches the row while a worker holds the job: a failure, a hand-back and
+    recovery of its lease each write cancelled, never a retry; a success stays done."""
+    store = Store(connection)
+    ids = [rws.enqueue("test.record", str(i)) for i in range(4)]
+    jobs = {j.id: j for j in claim(store)}
+    for job_id in ids:
+        assert rws.cancel(job_id)  # running: asked, still running
+    assert set(Job.objects.values_list("status", flat=True)) == {"running"}
+    assert record(store, jobs[ids[0]], "ValueError: boom", None) == "cancelled"
+    assert not store.release(jobs[ids[1]])
+    assert record(store, jobs[ids[1]], "JobCancelled: cancelled while it ran", None) == "cancelled"
+    assert record(store, jobs[ids[2]], None, None) == "done"  # it finished first: done
+    assert recover(store, now=T + 61) == 1  # its worker died: taken back as cancelled
+    rows = dict(Job.objects.values_list("id", "status"))
+    assert rows == {ids[0]: "cancelled", ids[1]: "cancelled", ids[3]: "cancelled"}
+    assert Job.objects.get(id=ids[3]).last_error.startswith("JobCancelled")
+    assert sorted(cancelled_signals) == sorted((i, "cancelled") for i in (ids[0], ids[1], ids[3]))
+    assert record(store, jobs[ids[3]], WORKER_LOST, None) == "lost"  # fenced: that claim is gone
+
+
+def test_cancelled_jobs_are_pruned_after_their_retention():
+    store = Store(connection)
+    old, new = rws.enqueue("test.record", "a"), rws.enqueue("test.record", "b")
+    rws.cancel(old)
+    rws.cancel(new)
+    Job.objects.filter(id=old).update(cancelled_at=T - 100)
+    Job.objects.filter(id=new).update(cancelled_at=T - 10)
+    assert prune_cancelled(store, T, 50) == 1
+    assert list(Job.objects.values_list("id", flat=True)) == [new]
+
+
+def test_a_cancelled_tasks_result_reads_failed_with_job_cancelled():
+    tasks = pytest.importorskip("tests.testapp.tasks")
+    compat = pytest.importorskip("django_rws_jobs.tasks.compat")
+    result = tasks.record.enqueue("x")
+    assert rws.cancel(result.id)
+    got = tasks.record.get_result(result.id)
+    assert got.status == compat.TaskResultStatus.FAILED
+    assert got.errors[-1].exception_class_path == "django_rws_jobs.exceptions.JobCancelled"
+
+
+def test_the_jobs_list_cancels_the_selected_jobs_with_its_permission(client, django_user_model):
+    staff = django_user_model.objects.create_user("ops", password="pw", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(staff)
+    ids = [rws.enqueue("test.record", str(i)) for i in range(3)]
+    url = reverse("admin:django_rws_jobs_job_changelist")
+    post = {"action": "cancel_selected", "_selected_action": ids[:2]}
+    assert "cancel_selected" not in client.get(url).content.decode()  # no permission: no action
+    client.post(url, post)
+    assert set(Job.objects.values_list("status", flat=True)) == {"pending"}
+    staff.user_permissions.add(Permission.objects.get(codename="cancel_job"))
+    assert "cancel_selected" in client.get(url).content.decode()
+    response = client.post(url, post, follow=True)
+    assert "Cancelled 2 jobs." in response.content.decode()
+    rows = dict(Job.objects.values_list("id", "status"))
+    assert rows == {ids[0]: "cancelled", ids[1]: "cancelled", ids[2]: "pending"}
+    assert Job.objects.get(id=ids[0]).cancelled_by == "admin:ops"
+    page = client.get(reverse("admin:django_rws_jobs_job_change", args=[ids[0]])).content.decode()
+    assert "admin:ops" in page
+
+
+# -- real workers ------------------------------------------------------------------------------------
+
+FAST = {"POLL_INTERVAL": 0.1, "BACKOFF_INITIAL": 0.1, "TIMEOUT_GRACE": 1}
+
+
+def wait_started(payload, kind="start"):
+    wait_for(lambda: Run.objects.filter(kind=kind, payload=payload).exists(), 30, what=f"{payload} to {kind}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "pool, job_type, payload, kind",
+    [("threads", "test.spin", "loop", "spin"), ("processes", "test.sleep", "600", "start")],
+)
+def test_cancelling_a_running_job_stops_its_handler(tmp_path, started, pool, job_type, payload, kind):
+    """A handler looping in Python (thread pool) and one in time.sleep(600) (process pool) stop
+    within 2 s of the request, end cancelled and are not retried."""
+    w = WorkerProcess(tmp_path, "--workers", "2", "--pool", pool, jobs=FAST)
+    started.append(w)
+    job_id = rws.enqueue(job_type, payload, max_retries=3)
+    wait_started(payload, kind)
+    time.sleep(0.7)  # well into its run
+    asked = time.monotonic()
+    assert rws.cancel(job_id, by="test")
+    wait_for(lambda: Job.objects.get(id=job_id).status == "cancelled", 10, what=w.output())
+    assert time.monotonic() - asked < 2.0, w.output()
+    job = Job.objects.get(id=job_id)
+    assert job.attempts == 0 and job.last_error.startswith("JobCancelled"), job.last_error
+    time.sleep(1)
+    assert Run.objects.filter(kind=kind, payload=payload).count() == 1  # not run again
+    rws.enqueue("test.record", "after")  # the worker goes on
+    wait_for(lambda: Run.objects.filter(payload="after").exists(), 10, what=w.output())
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+
+
+@pytest.mark.slow
+def test_a_handler_that_finishes_before_the_request_reaches_it_stays_done(tmp_path, started):
+    w = WorkerProcess(tmp_path, jobs=FAST)
+    started.append(w)
+    job_id = rws.enqueue("test.sleep", "0.3")
+    wait_started("0.3")
+    assert rws.cancel(job_id)  # running: asked
+    wait_for(lambda: not Job.objects.filter(id=job_id).exists(), 10, what=w.output())  # done, deleted
+    assert Run.objects.filter(kind="end", payload="0.3").exists()
+
+
+@pytest.mark.slow
+def test_a_cancel_racing_a_lease_take_over_ends_the_job_once(tmp_path, started):
+    """The holder is paused (SIGSTOP) past its lease; a second worker takes the job back while a
+    cancel is requested: the job ends cancelled, never runs again, and the paused holder's late
+    result is dropped when it resumes."""
+    lease = {**FAST, "LEASE_SECONDS": 2, "RECOVERY_INTERVAL": 0.3}
+    holder = WorkerProcess(tmp_path, jobs=lease)
+    started.append(holder)
+    job_id = rws.enqueue("test.sleep", "3", max_retries=5)
+    wait_started("3")
+    holder.signal(signal.SIGSTOP)
+    try:
+        assert rws.cancel(job_id, by="race")
+        rescuer = WorkerProcess(tmp_path, jobs=lease)
+        started.append(rescuer)
+        wait_for(lambda: Job.objects.get(id=job_id).status == "cancelled", 20, what=rescuer.output())
+    finally:
+        holder.signal(signal.SIGCONT)
+    time.sleep(4)  # the holder's handler ends; its outcome is fenced out
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.cancelled_by, job.attempts) == ("cancelled", "race", 0)
+    assert Run.objects.filter(kind="start", payload="3").count() == 1
+    assert "dropped" in holder.output()

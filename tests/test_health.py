@@ -1,0 +1,140 @@
+"""rws_health: exit 0 healthy, 1 not, one line why (or JSON); the heartbeat file needs no database."""
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+import django_rws_jobs as rws
+from django_rws_jobs.models import Job
+from django_rws_jobs.store import Store
+from django_rws_jobs.worker_rows import Registration, this_host
+from tests.conftest import ROOT, subprocess_env
+from tests.test_worker import WorkerProcess, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def health(*args):
+    """(exit code, what it printed)."""
+    out = io.StringIO()
+    try:
+        call_command("rws_health", *args, stdout=out)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    return code, out.getvalue().strip()
+
+
+def test_healthy_when_the_database_answers_and_the_migrations_are_applied():
+    code, line = health()
+    assert code == 0 and line == "healthy: database 'default' answers; migrations applied"
+
+
+def test_due_and_dead_thresholds():
+    now = int(time.time())
+    for i in range(3):
+        rws.enqueue("test.record", str(i))
+    Job.objects.filter(payload="0").update(next_run_at=now - 100)
+    rws.enqueue("test.record", "later", run_in=3600)
+    assert health("--max-due", "3")[0] == 0
+    assert health("--max-due", "2") == (1, "unhealthy: more than 2 due job(s), over --max-due 2")
+    assert health("--max-due-age", "200")[0] == 0
+    code, line = health("--max-due-age", "50")
+    assert code == 1 and "the oldest due job waited 10" in line and "over --max-due-age 50" in line
+    Job.objects.filter(payload="1").update(status="failed")
+    assert health("--max-failed", "1")[0] == 0
+    assert health("--max-failed", "0") == (1, "unhealthy: more than 0 dead job(s), over --max-failed 0")
+    code, text = health("--max-failed", "0", "--max-due", "5", "--json")
+    out = json.loads(text)
+    assert code == 1 and out["healthy"] is False and out["checks"]["max_due"]["ok"] is True
+    assert out["reason"] == "unhealthy: more than 0 dead job(s), over --max-failed 0"
+
+
+def test_worker_needs_a_live_worker_of_this_host():
+    assert health("--worker") == (1, f"unhealthy: no live worker registered on {this_host()}")
+    store = Store(connection)
+    me = Registration("x:1:a", None, "threads", 1, 1.0)
+    me.register(store, int(time.time()) - 10)  # dead: three intervals passed
+    assert health("--worker")[0] == 1
+    me.beat(store, int(time.time()), [], 0, 0)
+    assert health("--worker") == (
+        0,
+        f"healthy: database 'default' answers; migrations applied; 1 live worker(s) on {this_host()}",
+    )
+
+
+def test_bad_thresholds_are_refused_naming_them():
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="--max-due-age -1.0 must be a number of seconds >= 0"):
+        call_command("rws_health", "--max-due-age", "-1")
+    with pytest.raises(CommandError, match="argument --max-due: invalid _non_negative value: '-3'"):
+        call_command("rws_health", "--max-due", "-3")
+
+
+@pytest.mark.slow
+def test_unapplied_migrations_are_unhealthy():
+    call_command("migrate", "django_rws_jobs", "0012", verbosity=0)
+    try:
+        code, line = health()
+        assert code == 1 and line == "unhealthy: migrations not applied: 0013_cancelling (manage.py migrate)"
+    finally:
+        call_command("migrate", "django_rws_jobs", verbosity=0)
+    assert health()[0] == 0
+
+
+def unreachable_database_env() -> dict[str, str]:
+    """This test run's settings, with the database somewhere nothing answers."""
+    return subprocess_env(
+        RWS_TEST_DB_NAME="/nonexistent/dir/queue.sqlite3" if connection.vendor == "sqlite" else "rws_nope",
+        PGPORT="1",
+        MYSQL_PORT="1",
+    )
+
+
+def probe(*args: str, env: dict[str, str]) -> tuple[int, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "rws_health", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done.returncode, (done.stdout + done.stderr).strip()
+
+
+@pytest.mark.slow
+def test_the_heartbeat_file_tells_a_live_worker_without_the_database(tmp_path, started):
+    """A probe with --heartbeat-file alone passes while its database is unreachable and the
+    worker lives, and fails once the worker has been dead for three heartbeats."""
+    beat = tmp_path / "worker.alive"
+    w = WorkerProcess(tmp_path, "--heartbeat-file", str(beat), jobs={"LEASE_SECONDS": 3})
+    started.append(w)
+    w.started()
+    wait_for(beat.exists, 10, what=w.output())
+    env = {**unreachable_database_env(), "RWS_TEST_JOBS": json.dumps({"LEASE_SECONDS": 3})}
+    code, line = probe("--heartbeat-file", str(beat), env=env)
+    assert code == 0 and line.startswith("healthy: heartbeat file"), line
+    assert (
+        probe("--heartbeat-file", str(beat), "--max-due", "5", env=env)[0] == 1
+    )  # that one asks the database
+    time.sleep(2.5)  # the worker keeps touching it
+    assert probe("--heartbeat-file", str(beat), env=env)[0] == 0
+    w.signal(signal.SIGKILL)
+    w.proc.wait()
+    killed = time.monotonic()
+    time.sleep(max(3.5 - (time.monotonic() - killed), 0))  # three intervals of 1 s, and a margin
+    code, line = probe("--heartbeat-file", str(beat), env=env)
+    assert code == 1 and "three heartbeats" in line, line
+    os.unlink(beat)
+    code, line = probe("--heartbeat-file", str(beat), env=env)
+    assert code == 1 and "No such file" in line, line
