@@ -176,3 +176,49 @@ def test_overview_page(page, live_server, settings):
     page.click("#rws-queues tr[data-queue=mailers] td:nth-of-type(5) a")  # the "due now" count
     page.wait_for_selector("#result_list")
     assert page.locator("#result_list tbody tr").count() == 5
+
+
+def test_workers_page_and_cancelling_from_the_jobs_list(page, live_server):
+    """The Workers page lists a live and a dead worker with the job each holds (linked); the jobs
+    list's Cancel action cancels the selected jobs."""
+    from django.db import connection
+
+    from django_rws_jobs.store import Store
+    from django_rws_jobs.worker_rows import Registration
+
+    store = Store(connection)
+    now = int(time.time())
+    held = rws.enqueue("test.record", "report 7", queue="reports")
+    Job.objects.filter(id=held).update(
+        status="running", locked_until=now + 60, locked_by="web-1:4121:3f2a#17"
+    )
+    Registration("web-1:4121:3f2a", ["reports", "mailers"], "processes", 4, 20.0).register(store, now - 3600)
+    Registration("web-1:4121:3f2a", ["reports", "mailers"], "processes", 4, 20.0).beat(
+        store, now - 5, [held], 812, 3
+    )
+    Registration("web-2:977:b7c1", None, "threads", 8, 20.0).register(store, now - 7200)
+    Registration("web-2:977:b7c1", None, "threads", 8, 20.0).beat(store, now - 600, [], 15022, 41)
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/job/")
+    page.click("#content >> text=Workers")
+    page.wait_for_selector("#result_list")
+    rows = page.locator("#result_list tbody tr")
+    assert rows.count() == 2
+    texts = {rows.nth(i).inner_text().split("\t")[0]: rows.nth(i).inner_text() for i in range(2)}
+    assert "\talive\t" in texts["web-1:4121:3f2a"] and "\tdead\t" in texts["web-2:977:b7c1"], texts
+    screenshot(page, "admin-workers.png")
+    page.click(f"#result_list a:text('{held}')")
+    page.wait_for_selector(".field-payload_detail >> text=report 7")  # the job's page
+
+    ids = [rws.enqueue("test.record", f"newsletter {i}", queue="mailers", run_in=600) for i in range(3)]
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/job/?queue=mailers")
+    for job_id in ids[:2]:
+        page.check(f"input[name=_selected_action][value='{job_id}']")
+    page.select_option("select[name=action]", "cancel_selected")
+    page.click("button[name=index]")
+    page.wait_for_selector("text=Cancelled 2 jobs.")
+    assert dict(Job.objects.filter(id__in=ids).values_list("id", "status")) == {
+        ids[0]: "cancelled",
+        ids[1]: "cancelled",
+        ids[2]: "pending",
+    }
+    screenshot(page, "admin-cancel.png")

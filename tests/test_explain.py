@@ -342,3 +342,59 @@ def test_a_resumed_claim_is_one_index_range_over_all_five_columns():
         table = json.loads(text)["query_block"]["nested_loop"][0]["table"]
         assert table["key"] == "rws_jobs_claim_idx", text
         assert table["used_key_parts"] == ["status", "priority", "next_run_at", "created_at", "id"], text
+
+
+def test_rws_health_reads_index_ranges_with_a_million_rows():
+    """Its due, oldest-due and dead counts stop past their thresholds, on index ranges: a probe
+    answers as fast with a million rows as with ten."""
+    import io
+
+    from django.core.management import call_command
+
+    fill(FUTURE_ROWS, 5_000)
+    with connection.cursor() as c:
+        c.execute("UPDATE rws_jobs SET status = 'failed' WHERE id IN ('d1', 'd2', 'd3')")
+    analyze()
+    statements = []
+
+    def capture(execute, sql, params, many, context):
+        if "rws_jobs" in sql:
+            statements.append((sql, list(params or ())))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        try:
+            call_command(
+                "rws_health",
+                "--max-due",
+                "100",
+                "--max-failed",
+                "1",
+                "--max-due-age",
+                "3600",
+                stdout=io.StringIO(),
+            )
+        except SystemExit as exc:
+            assert exc.code == 1  # more than 100 due, more than 1 dead
+    assert len(statements) == 3, statements
+    for sql, params in statements:
+        text = plan(sql, params)
+        if connection.vendor == "mysql":
+            import json
+
+            def tables(node):  # every table access of the plan (a derived table's included)
+                if isinstance(node, dict):
+                    if "table_name" in node:
+                        yield node
+                    for value in node.values():
+                        yield from tables(value)
+                elif isinstance(node, list):
+                    for value in node:
+                        yield from tables(value)
+
+            ours = [t for t in tables(json.loads(text)) if t["table_name"] == "rws_jobs"]
+            assert ours and all(t["access_type"] != "ALL" and t.get("key") for t in ours), text
+        elif connection.vendor == "postgresql":
+            assert "Seq Scan" not in text and "Index" in text, text
+        else:
+            assert "SCAN rws_jobs\n" not in text + "\n" and "USING" in text, text
