@@ -171,10 +171,13 @@ class ProcessExecutor(Executor):
             abandoned, error, tb = self._execute(job)
             with self.cancel_lock:
                 cancelled, self.running = self.cancel_raised, None
-            if cancelled and error is not None and not abandoned:
-                if self.child is not None:  # it may have answered its SystemExit: not to be reused
+            if cancelled and not abandoned:
+                # The cancel's SIGTERM is on its way to this child, even if the job succeeded
+                # first: a child reused for the next job would take it for that job's.
+                if self.child is not None:
                     self._drop(self.child, kill=True)
-                return False, cancel_message(None, running=True), None
+                if error is not None:
+                    return False, cancel_message(None, running=True), None
             return abandoned, error, tb
         finally:
             took = time.monotonic() - started
