@@ -83,6 +83,20 @@ def test_the_overview_counts_queues_that_differ_only_in_case_apart(admin_client)
     assert {q: (s.pending, s.failed) for q, s in rows.items()} == {"A": (1, 0), "a": (1, 1), "a ": (1, 0)}
 
 
+@pytest.mark.parametrize("wanted, other", LOOKALIKES)
+def test_concurrency_keys_that_differ_only_by_collation_are_two_keys(wanted, other):
+    from django_rws_jobs.concurrency_keys import promote
+    from django_rws_jobs.store import Store
+
+    a = rws.enqueue("test.keyed", "a", concurrency_key=wanted)
+    b = rws.enqueue("test.keyed", "b", concurrency_key=other)
+    assert promote(Store(connection), [wanted, other], int(time.time())) == 2  # each its own slot 0
+    assert set(Job.objects.filter(id__in=[a, b]).values_list("status", "concurrency_slot")) == {
+        ("pending", 0)
+    }
+    assert Job.objects.filter(concurrency_key=wanted).count() == 1
+
+
 @pytest.mark.skipif(connection.vendor != "mysql", reason="MariaDB/MySQL collations")
 def test_the_database_default_is_the_servers_and_the_columns_are_binary_no_pad():
     with connection.cursor() as c:
@@ -98,7 +112,7 @@ def test_the_database_default_is_the_servers_and_the_columns_are_binary_no_pad()
         nopad, padded = c.fetchone()
     assert database == server  # the tests run where users do (tests/settings.py)
     exact = "utf8mb4_nopad_bin" if connection.mysql_is_mariadb else "utf8mb4_0900_bin"
-    for column in ("id", "job_type", "queue", "unique_key", "locked_by"):
+    for column in ("id", "job_type", "queue", "unique_key", "locked_by", "concurrency_key"):
         assert collations[("rws_jobs", column)] == exact, column
     assert collations[("rws_job_schedules", "name")] == exact
     assert (nopad, padded) == (0, 1)  # why not utf8mb4_bin: it pads

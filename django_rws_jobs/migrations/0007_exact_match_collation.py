@@ -7,12 +7,10 @@
 
 from django.db import migrations
 
+from django_rws_jobs.migrations import _exact
+from django_rws_jobs.migrations._exact import exact_collation  # noqa: F401  (migration 0008 uses it)
+
 COLUMNS = {"job": ["id", "job_type", "queue", "unique_key", "locked_by"], "jobschedule": ["name"]}
-
-
-def exact_collation(connection) -> str:
-    """The utf8mb4 collation that compares bytes and does not pad: MariaDB's and MySQL 8's names."""
-    return "utf8mb4_nopad_bin" if connection.mysql_is_mariadb else "utf8mb4_0900_bin"
 
 
 def _alter(apps, schema_editor, collate: bool) -> None:
@@ -22,13 +20,7 @@ def _alter(apps, schema_editor, collate: bool) -> None:
     for model_name, names in COLUMNS.items():
         model = apps.get_model("django_rws_jobs", model_name)
         for name in names:
-            plain = model._meta.get_field(name)
-            exact = plain.clone()
-            exact.db_collation = exact_collation(conn)
-            exact.set_attributes_from_name(name)
-            exact.model = model
-            old, new = (plain, exact) if collate else (exact, plain)
-            schema_editor.alter_field(model, old, new)
+            _exact.alter(schema_editor, model, name, collate)
 
 
 def forwards(apps, schema_editor):

@@ -29,8 +29,21 @@ def _forms(connection):
     return index, unique
 
 
+def _key_collation(apps, schema_editor, exact: bool) -> None:
+    """MariaDB/MySQL: keys match exactly, as the columns of migration 0007 do ("Account:1" and
+    "account:1 " are two keys: tests/test_exact_match.py)."""
+    conn = schema_editor.connection
+    if conn.vendor != "mysql":
+        return
+    from django_rws_jobs.migrations import _exact
+
+    model = apps.get_model("django_rws_jobs", "Job")
+    _exact.alter(schema_editor, model, "concurrency_key", exact)
+
+
 def forwards(apps, schema_editor):
     model = apps.get_model("django_rws_jobs", "Job")
+    _key_collation(apps, schema_editor, True)
     index, unique = _forms(schema_editor.connection)
     schema_editor.add_index(model, index)
     schema_editor.add_constraint(model, unique)
@@ -41,6 +54,7 @@ def backwards(apps, schema_editor):
     index, unique = _forms(schema_editor.connection)
     schema_editor.remove_constraint(model, unique)
     schema_editor.remove_index(model, index)
+    _key_collation(apps, schema_editor, False)
 
 
 class Migration(migrations.Migration):
@@ -84,6 +98,7 @@ class Migration(migrations.Migration):
                 migrations.AddIndex(model_name="job", index=WAITING_INDEX),
                 migrations.AddConstraint(model_name="job", constraint=SLOT_UNIQUE),
             ],
-            database_operations=[migrations.RunPython(forwards, backwards, elidable=False)],
+            # Not atomic: MariaDB cannot roll back DDL (migration 0007).
+            database_operations=[migrations.RunPython(forwards, backwards, atomic=False, elidable=False)],
         ),
     ]

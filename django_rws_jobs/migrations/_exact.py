@@ -1,0 +1,18 @@
+"""MariaDB/MySQL: a binary, no-pad collation for a compared column (migrations 0007 and 0011).
+Not a migration: the loader skips modules whose name starts with an underscore."""
+
+
+def exact_collation(connection) -> str:
+    """The utf8mb4 collation that compares bytes and does not pad: MariaDB's and MySQL 8's names."""
+    return "utf8mb4_nopad_bin" if connection.mysql_is_mariadb else "utf8mb4_0900_bin"
+
+
+def alter(schema_editor, model, name: str, collate: bool) -> None:
+    """Give ``model``'s column ``name`` the exact collation (``collate``), or take it back."""
+    plain = model._meta.get_field(name)
+    exact = plain.clone()
+    exact.db_collation = exact_collation(schema_editor.connection)
+    exact.set_attributes_from_name(name)
+    exact.model = model
+    old, new = (plain, exact) if collate else (exact, plain)
+    schema_editor.alter_field(model, old, new)
