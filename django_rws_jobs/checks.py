@@ -67,6 +67,12 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "TIMEOUT_GRACE": ("rws_jobs.E016", *_bounded(SECONDS, 0, 3600, above=True)),
     "STATEMENT_DEADLINE": ("rws_jobs.E017", *_optional(_bounded(SECONDS, 1, DAY))),
     "CANCELLED_RETENTION": ("rws_jobs.E021", *_bounded(SECONDS, 0, 100 * YEAR)),
+    "METRICS_RETENTION": ("rws_jobs.E022", *_bounded(SECONDS, 3600, 100 * YEAR)),
+    "METRICS_TOKEN": (
+        "rws_jobs.E023",
+        lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
+        "None or a str of at least 16 characters",
+    ),
     "SQLITE_SETUP_ALIASES": (
         "rws_jobs.E014",
         lambda v: (

@@ -37,6 +37,10 @@ DEFAULTS: dict[str, Any] = {
     "QUEUES": {},
     # Seconds a cancelled job's row is kept (visible, retryable) before a worker prunes it.
     "CANCELLED_RETENTION": 7 * 86400,
+    # Seconds the per-minute counters (rws_metrics) are kept before they are folded into totals.
+    "METRICS_RETENTION": 2 * 86400,
+    # A bearer token that may read the Prometheus endpoint (django_rws_jobs.urls); None: staff only.
+    "METRICS_TOKEN": None,
 }
 
 

@@ -305,3 +305,52 @@ class Worker(models.Model):
         except ValueError:
             return []
         return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
+
+
+class MetricMinute(models.Model):
+    """One row of ``rws_metrics``: what the workers recorded for one queue and job type in one
+    minute of the queue's clock, added to by each worker's completer (metrics.py)."""
+
+    minute = models.BigIntegerField(help_text=_("unix seconds of the minute's start"))
+    queue = models.CharField(max_length=64)
+    job_type = models.CharField(max_length=191)
+    done = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0, help_text=_("failed attempts, the last ones included"))
+    dead = models.BigIntegerField(default=0, help_text=_("jobs moved to the dead-letter list"))
+    cancelled = models.BigIntegerField(default=0, help_text=_("running jobs cancelled"))
+    runs = models.BigIntegerField(default=0, help_text=_("attempts whose run time is counted"))
+    run_seconds = models.FloatField(default=0.0, help_text=_("their run time, summed"))
+    run_seconds_max = models.FloatField(default=0.0)
+    wait_seconds = models.FloatField(default=0.0, help_text=_("from due to start, summed over the runs"))
+
+    class Meta:
+        db_table = "rws_metrics"
+        verbose_name = _("metrics minute")
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(fields=["minute", "queue", "job_type"], name="rws_metrics_minute_unique"),
+        ]
+
+
+class MetricTotal(models.Model):
+    """One row of ``rws_metric_totals``: the counters of the pruned minutes of one queue and job
+    type, so that the Prometheus counters (these plus the minutes) never go down."""
+
+    queue = models.CharField(max_length=64)
+    job_type = models.CharField(max_length=191)
+    done = models.BigIntegerField(default=0)
+    failed = models.BigIntegerField(default=0)
+    dead = models.BigIntegerField(default=0)
+    cancelled = models.BigIntegerField(default=0)
+    runs = models.BigIntegerField(default=0)
+    run_seconds = models.FloatField(default=0.0)
+    run_seconds_max = models.FloatField(default=0.0)
+    wait_seconds = models.FloatField(default=0.0)
+
+    class Meta:
+        db_table = "rws_metric_totals"
+        verbose_name = _("metrics total")
+        default_permissions = ()
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "job_type"], name="rws_metric_totals_unique"),
+        ]

@@ -108,6 +108,24 @@ def some_traffic() -> None:
         rws.enqueue("test.record", f"thumb {i}", queue="default", run_in=120)
 
 
+def some_activity() -> None:
+    """A day of the workers' counters: busy mornings, a few failures, one bad quarter hour."""
+    from django.db import connection
+
+    from django_rws_jobs import metrics
+    from django_rws_jobs.backends.claimed import Claimed
+    from django_rws_jobs.store import Store
+
+    now = int(time.time())
+    job = Claimed("id", "shop.send_receipt", "", "mailers", 0, 0, 3, now, now, None, None, None, "t")
+    counters = metrics.Counters()
+    for minutes_ago in range(0, 24 * 60, 3):
+        done = 20 + (minutes_ago * 7) % 40
+        failed = 30 if 300 <= minutes_ago < 315 else minutes_ago % 5
+        counters.ended([job] * (done + failed), ["done"] * done + ["retry"] * failed, now - 60 * minutes_ago)
+    metrics.write(Store(connection), counters.take())
+
+
 def test_retry_and_delete_from_the_dead_letter_list(page, live_server):
     keep, retry_me, delete_me = dead_jobs("order 1", "order 2", "<script>alert(1)</script>")
     dead_jobs("newsletter 3", queue="mailers")
@@ -150,6 +168,7 @@ def test_overview_page(page, live_server, settings):
     some_traffic()
     for i in range(4):  # a sync per account at a time: 4 wait for their key
         rws.enqueue("test.keyed", f"sync {i}", concurrency_key="account:1", queue="reports")
+    some_activity()
     page.goto(f"{live_server.url}/admin/django_rws_jobs/job/")
     page.click("#content >> text=Queue overview")  # the link on the jobs page, not the sidebar
     page.wait_for_selector("#rws-queues")
@@ -163,6 +182,10 @@ def test_overview_page(page, live_server, settings):
         "2 min",
     ]
     assert page.locator("#rws-queues tr[data-queue=reports] td").nth(2).inner_text() == "4"
+    assert page.locator("#rws-activity svg").count() == 2
+    assert (
+        page.locator("#rws-activity figure[data-span='1'] rect.rws-seg-running").count() == 20
+    )  # every 3rd minute
     assert page.locator(".rws-chart .row").count() == 3
     # Pause and resume with the row's button (a POST with the CSRF token).
     page.click("#rws-queues tr[data-queue=mailers] button[value=pause]")

@@ -20,6 +20,7 @@ from ..exceptions import TIMED_OUT
 from ..limits import configured
 from ..models import Job, Status
 from ..queues import pause_queue, paused_queues, resume_queue
+from .activity import charts
 from .common import COUNT_CAP, links, now
 from .waits import limits_text
 
@@ -231,6 +232,7 @@ def render(request: HttpRequest, model_admin: admin.ModelAdmin) -> TemplateRespo
             "bars": _bars(stats),
             "legend": [{"css": css, "label": label} for _attr, label, css in SEGMENTS],
             "as_of": humanize.absolute(at),
+            "activity": charts(at, queue_alias()),
             "can_pause": request.user.has_perm(PAUSE_PERMISSION),
             "pause_url": _url(model_admin, "job_overview_pause"),
         }

@@ -80,6 +80,21 @@ def sends_several(conn: Any) -> bool:
 class MySQLBackend(BaseBackend):
     features_class = MySQLFeatures
 
+    def upsert_adding(
+        self,
+        table: str,
+        keys: Sequence[str],
+        adds: Sequence[str],
+        maxes: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+    ) -> Sql:
+        sets = [f"{c} = {c} + VALUES({c})" for c in adds] + [
+            f"{c} = GREATEST({c}, VALUES({c}))" for c in maxes
+        ]
+        return self._insert_rows(table, [*keys, *adds, *maxes], rows).add(
+            f" ON DUPLICATE KEY UPDATE {', '.join(sets)}"
+        )
+
     def claim_index_hint(self, queues: Sequence[str] | None) -> str:
         # MariaDB would weigh every index the conditions name each time it plans a claim, a large
         # part of the claim's time: it is told the index.

@@ -50,6 +50,7 @@ class SQLiteFeatures(BaseFeatures):
 
 
 class SQLiteBackend(BaseBackend):
+    greatest = "MAX"
     features_class = SQLiteFeatures
 
     def due_index_hint(self) -> str:

@@ -126,6 +126,32 @@ class Statements:
 
     #: Appended to a claim's select on databases that lock its rows while marking them.
     claim_lock = ""
+    #: The function that picks the larger of two values (SQLite's is the scalar MAX).
+    greatest = "GREATEST"
+
+    def upsert_adding(
+        self,
+        table: str,
+        keys: Sequence[str],
+        adds: Sequence[str],
+        maxes: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+    ) -> Sql:
+        """One INSERT of ``rows`` (keys, adds, maxes in that order); a row whose keys are stored
+        already adds its ``adds`` to the stored ones and keeps the larger of each of ``maxes``
+        (the metrics' per-minute counters: metrics.py)."""
+        sets = [f"{c} = {table}.{c} + excluded.{c}" for c in adds]
+        sets += [f"{c} = {self.greatest}({table}.{c}, excluded.{c})" for c in maxes]
+        return self._insert_rows(table, [*keys, *adds, *maxes], rows).add(
+            f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {', '.join(sets)}"
+        )
+
+    def _insert_rows(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Sql:
+        row = "(" + ", ".join(["%s"] * len(columns)) + ")"
+        return Sql(
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([row] * len(rows))}",
+            [value for r in rows for value in r],
+        )
 
     def claim_index_hint(self, queues: Sequence[str] | None) -> str:
         return ""

@@ -14,6 +14,7 @@ from django.db import close_old_connections, connections
 from .. import clock
 from ..concurrency_keys import keys_of, promote
 from ..conf import jobs_settings
+from ..metrics import FLUSH_EVERY, write
 from ..reconnect import Connection, Retry
 from ..registry import registry
 from ..runner import record_or_fallback
@@ -35,6 +36,7 @@ class Completer:
         self.shared = shared
         self.holder = Connection(shared.alias)
         self.db = Retry(self.holder, shared.stop)
+        self.next_flush = time.monotonic() + FLUSH_EVERY
 
     def loop(self) -> None:
         try:
@@ -45,8 +47,12 @@ class Completer:
             connections.close_all()
 
     def run_once(self) -> bool:
-        """Record one batch; False when told to stop."""
-        batch = [self.shared.results.get()]
+        """Record one batch, and the counters at most every FLUSH_EVERY seconds; False when
+        told to stop (the counters written last)."""
+        try:
+            batch = [self.shared.results.get(timeout=FLUSH_EVERY)]
+        except queue.Empty:
+            batch = []
         while True:
             try:
                 batch.append(self.shared.results.get_nowait())
@@ -56,21 +62,40 @@ class Completer:
         if items:
             self.record(items)
             close_old_connections()  # job_dead receivers may have used Django's connection
-        return len(items) == len(batch)
+        going_on = len(items) == len(batch)
+        if not going_on or time.monotonic() >= self.next_flush:
+            self.flush(final=not going_on)
+        return going_on
+
+    def flush(self, final: bool = False) -> None:
+        """Write the counters (metrics.py); ones that fail are kept for the next write."""
+        self.next_flush = time.monotonic() + FLUSH_EVERY
+        rows = self.shared.counters.take()
+        if not rows:
+            return
+        try:
+            if final:
+                self.db.until(time.monotonic() + 5, lambda c: write(c.store(), rows), "writing the counters")
+            else:
+                self.db.once(lambda c: write(c.store(), rows), "writing the counters")
+        except Exception as exc:  # counters are not worth a job: kept for the next try
+            logger.warning("could not write the metrics counters: %s", exc)
+            if not final:
+                self.shared.counters.give_back(rows)
 
     def record(self, items: list[Outcome]) -> None:
         deadline = time.monotonic() + float(jobs_settings.LEASE_SECONDS)
-        results: list[str] = []
+        ended: list[tuple[Claimed, str]] = []
         try:
             succeeded = [job for job, error, _ in items if error is None]
             if succeeded:
                 done = self.db.until(
                     deadline, lambda c: c.store().complete_many(succeeded), "recording finished jobs"
                 )
-                results += outcomes(succeeded, done)
+                ended += zip(succeeded, outcomes(succeeded, done), strict=True)
             others: list[Outcome] = [(job, error, tb) for job, error, tb in items if error is not None]
             if others:
-                results += self._record_others(deadline, others)
+                ended += self._record_others(deadline, others)
         except DatabaseError as exc:
             logger.error(
                 "could not record %d job outcome(s): %s; their leases will expire and "
@@ -86,7 +111,10 @@ class Completer:
             )
         finally:
             self.shared.let_go([job for job, _, _ in items])
-        self.shared.stats.add(results)
+        self.shared.stats.add([outcome for _, outcome in ended])
+        self.shared.counters.ended(
+            [job for job, _ in ended], [o for _, o in ended], clock.now(self.shared.alias)
+        )
         keys = keys_of(job for job, _, _ in items)
         if keys:
             self._promote(deadline, keys)
@@ -104,16 +132,17 @@ class Completer:
         if promoted:
             self.shared.wake.set()  # this process's dispatcher may claim them at once
 
-    def _record_others(self, deadline: float, items: list[Outcome]) -> list[str]:
+    def _record_others(self, deadline: float, items: list[Outcome]) -> list[tuple[Claimed, str]]:
         """Failures one by one; the rows of a row runner that records many at once (the
-        django.tasks rows: tasks/rows.py), in one call of it per batch."""
-        results: list[str] = []
+        django.tasks rows: tasks/rows.py), in one call of it per batch. Each job with what
+        became of it."""
+        results: list[tuple[Claimed, str]] = []
         batched: dict[int, tuple[Callable[..., list[str]], list[tuple[Claimed, Any]]]] = {}
         for job, error, tb in items:
             runner = None if isinstance(error, str) else registry.row_runner(job.job_type)
             record_many = getattr(runner, "record_many", None)
             if record_many is None:
-                results.append(self._record_failure(deadline, job, error, tb))
+                results.append((job, self._record_failure(deadline, job, error, tb)))
             else:
                 batched.setdefault(id(runner), (record_many, []))[1].append((job, error))
         for record_many, pairs in batched.values():
@@ -122,14 +151,16 @@ class Completer:
                 return f(c.store(), p)
 
             try:
-                results += self.db.until(deadline, record, "recording tasks")
+                results += zip(
+                    [job for job, _ in pairs], self.db.until(deadline, record, "recording tasks"), strict=True
+                )
             except Exception:
                 logger.exception(
                     "could not record %d task outcome(s); their leases will expire and another "
                     "worker will run them again",
                     len(pairs),
                 )
-                results += ["lost"] * len(pairs)
+                results += [(job, "lost") for job, _ in pairs]
         return results
 
     def _record_failure(self, deadline: float, job: Claimed, error: Any, tb: str | None) -> str:

@@ -141,7 +141,9 @@ class Dispatcher:
             shared.to_completer(finished)
             raise
         if finished:
-            shared.stats.add(outcomes(finished, done))
+            ended = outcomes(finished, done)
+            shared.stats.add(ended)
+            shared.counters.ended(finished, ended, now)
             shared.let_go(finished)
         if claimed:
             return self._hand_out(claimed)

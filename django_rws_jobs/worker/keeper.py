@@ -10,7 +10,7 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import connections
 
-from .. import clock
+from .. import clock, metrics
 from ..cancellation import prune_cancelled
 from ..conf import jobs_settings
 from ..db import is_transient
@@ -88,6 +88,7 @@ class LeaseKeeper:
         now = int(clock.now(self.shared.alias))
         forget_dead(store, now)
         prune_cancelled(store, now, float(jobs_settings.CANCELLED_RETENTION))
+        metrics.prune(store, now - int(jobs_settings.METRICS_RETENTION))
 
     def _beat(self, held: list[Claimed]) -> None:
         """Renew this worker's row: the queue's time, the jobs it holds, its counts."""

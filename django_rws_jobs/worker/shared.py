@@ -12,6 +12,7 @@ from django.db import Error as DatabaseError
 
 from .. import clock
 from ..concurrency_keys import keys_of, promote
+from ..metrics import Counters
 from ..reconnect import Connection
 from ..runner import record_cancel
 from ..store import Claimed
@@ -102,6 +103,7 @@ class Shared:
         # new ones in their place.
         self.abandoned: set[int] = set()
         self.stats = Stats()
+        self.counters = Counters()  # per minute, queue and job type: written by the completer
         self.exit_code = 0
         # Seconds a job takes from hand-out to outcome, a moving average kept by the process
         # pool's executors (None: not measured): the dispatcher's gather window (dispatcher.py).

@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from shop import views
 
 urlpatterns = [
@@ -7,4 +7,5 @@ urlpatterns = [
     path("orders/", views.place_order, name="place_order"),
     path("orders/broken/", views.place_broken_order, name="place_broken_order"),
     path("admin/", admin.site.urls),
+    path("rws/", include("django_rws_jobs.urls")),  # rws/metrics: Prometheus, for staff sessions
 ]

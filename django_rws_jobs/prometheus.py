@@ -1,0 +1,138 @@
+"""The Prometheus endpoint (``django_rws_jobs.urls`` serves it as ``metrics``): the queue's gauges
+and the workers' counters, read in a fixed number of statements whatever the number of queues
+(tests/test_metrics.py::test_the_endpoint_runs_the_same_statements_for_one_queue_or_twenty).
+
+Counters are the pruned totals plus the kept minutes, read by one statement (a UNION), so a prune
+between two reads cannot make one go down.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+
+from . import clock
+from .conf import jobs_settings
+from .db import queue_alias
+from .metrics import ADDS
+from .models import Worker
+
+#: Job states each queue's ``rws_queue_jobs`` gauge has (due: pending and due now).
+STATES = ("waiting", "pending", "due", "running", "failed", "cancelled")
+#: Counter name -> the rws_metrics column it sums.
+COUNTERS = {
+    "rws_jobs_done": ("done", "Jobs that succeeded"),
+    "rws_job_attempts_failed": ("failed", "Failed attempts, retried or not"),
+    "rws_jobs_dead": ("dead", "Jobs moved to the dead-letter list"),
+    "rws_jobs_cancelled": ("cancelled", "Running jobs cancelled"),
+    "rws_job_runs": ("runs", "Attempts whose run time is counted"),
+    "rws_job_run_seconds": ("run_seconds", "Run time of those attempts, summed"),
+    "rws_job_wait_seconds": ("wait_seconds", "Time from due to start of those attempts, summed"),
+}
+SUMS = ", ".join(f"SUM({c})" for c in ADDS)
+COUNTERS_SQL = (
+    f"SELECT queue, job_type, {', '.join(ADDS)} FROM rws_metric_totals UNION ALL "
+    f"SELECT queue, job_type, {SUMS} FROM rws_metrics GROUP BY queue, job_type"
+)
+
+
+def allowed(request: HttpRequest) -> bool:
+    """A staff user's session, or ``Authorization: Bearer <RWS_JOBS["METRICS_TOKEN"]>``."""
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated and user.is_staff:
+        return True
+    token = jobs_settings.METRICS_TOKEN
+    given = request.headers.get("Authorization", "")
+    if not token or not given.startswith("Bearer "):
+        return False
+    return hmac.compare_digest(given[len("Bearer ") :].encode(), str(token).encode())
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not allowed(request):
+        return HttpResponseForbidden(
+            "rws metrics: a staff user's session or the METRICS_TOKEN bearer token\n"
+        )
+    try:
+        from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    except ImportError:
+        raise ImproperlyConfigured(
+            "django_rws_jobs' metrics need prometheus_client: pip install 'django-rws-jobs[prometheus]'"
+        ) from None
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(queue_alias()))
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+class QueueCollector:
+    """prometheus_client's custom collector: one scrape, these statements."""
+
+    def __init__(self, alias: str):
+        self.alias = alias
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        now = int(clock.now(self.alias))
+        jobs, due, paused, counters = read(self.alias, now)
+        gauge = GaugeMetricFamily("rws_queue_jobs", "Jobs per queue and state", labels=["queue", "state"])
+        age = GaugeMetricFamily(
+            "rws_queue_oldest_due_age_seconds", "How long the oldest due job waited", labels=["queue"]
+        )
+        queues = sorted({q for q, _ in jobs} | set(due) | set(paused))
+        for queue in queues:
+            for state in STATES:
+                value = due.get(queue, (0, None))[0] if state == "due" else jobs.get((queue, state), 0)
+                gauge.add_metric([queue, state], value)
+            oldest = due.get(queue, (0, None))[1]
+            age.add_metric([queue], max(now - oldest, 0) if oldest is not None else 0)
+        yield gauge
+        yield age
+        pause = GaugeMetricFamily("rws_queue_paused", "1 while the queue is paused", labels=["queue"])
+        for queue in queues:
+            pause.add_metric([queue], 1 if paused.get(queue) else 0)
+        yield pause
+        alive = sum(
+            1
+            for w in Worker.objects.using(self.alias).only("heartbeat_at", "heartbeat_interval")
+            if w.alive(now)
+        )
+        yield GaugeMetricFamily(
+            "rws_workers_alive", "Workers whose heartbeat is at most three intervals old", value=alive
+        )
+        for name, (column, text) in COUNTERS.items():
+            family = CounterMetricFamily(name, text, labels=["queue", "job_type"])
+            i = ADDS.index(column)
+            for (queue, job_type), values in sorted(counters.items()):
+                family.add_metric([queue, job_type], values[i])
+            yield family
+
+
+def read(
+    alias: str, now: int
+) -> tuple[dict[Any, int], dict[str, Any], dict[str, bool], dict[Any, list[float]]]:
+    """(queue, status) -> jobs; queue -> (due jobs, oldest due time); queue -> paused; (queue,
+    job_type) -> counters (ADDS order). Four statements."""
+    with connections[alias].cursor() as c:
+        c.execute("SELECT queue, status, COUNT(*) FROM rws_jobs GROUP BY queue, status")
+        jobs = {(q, s): n for q, s, n in c.fetchall()}
+        c.execute(
+            "SELECT queue, COUNT(*), MIN(next_run_at) FROM rws_jobs WHERE status = 'pending' "
+            "AND next_run_at <= %s GROUP BY queue",
+            [now],
+        )
+        due = {q: (n, oldest) for q, n, oldest in c.fetchall()}
+        c.execute("SELECT name, paused FROM rws_queues")
+        paused = {name: bool(p) for name, p in c.fetchall()}
+        c.execute(COUNTERS_SQL)
+        counters: dict[Any, list[float]] = {}
+        for row in c.fetchall():
+            mine = counters.setdefault((row[0], row[1]), [0] * len(ADDS))
+            for i, value in enumerate(row[2:]):
+                mine[i] += value or 0
+    return jobs, due, paused, counters

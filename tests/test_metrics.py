@@ -1,0 +1,167 @@
+"""Metrics: the per-minute counters (rws_metrics), their pruning into totals, and the Prometheus
+endpoint, parsed as Prometheus parses it."""
+
+import time
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+import django_rws_jobs as rws
+from django_rws_jobs import metrics
+from django_rws_jobs.backends.claimed import Claimed
+from django_rws_jobs.models import Job, MetricMinute, MetricTotal
+from django_rws_jobs.store import Store
+from tests.test_worker import WorkerProcess
+
+parser = pytest.importorskip("prometheus_client.parser")
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T = 2_000_000_020  # a minute's start + 40 s
+URL = "/rws/metrics"
+TOKEN = "s3cret-token-for-tests"
+
+
+def job(queue="default", job_type="t.x", due=T - 5):
+    return Claimed("id", job_type, "", queue, 0, 0, 3, due, 0, None, None, None, "tok")
+
+
+def scrape(client, **headers):
+    response = client.get(URL, **headers)
+    assert response.status_code == 200, response.content
+    found = {}
+    for family in parser.text_string_to_metric_families(response.content.decode()):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def test_counters_add_up_per_minute_queue_and_job_type_across_writes():
+    store = Store(connection)
+    counters = metrics.Counters()
+    counters.ran(job(), 0.5, T)
+    counters.ran(job(), 1.5, T + 1)
+    counters.ran(job("mail"), 2.0, T)
+    counters.ended([job(), job(), job("mail"), job()], ["done", "dead", "retry", "lost"], T)
+    metrics.write(store, counters.take())
+    assert counters.take() == []
+    counters.ended([job()], ["cancelled"], T + 30)  # the next minute
+    counters.ended([job()], ["done"], T + 5)
+    counters.ran(job(), 3.0, T + 5)
+    metrics.write(store, counters.take())  # added to the stored minute
+    rows = {
+        (m.minute, m.queue): (
+            m.done,
+            m.failed,
+            m.dead,
+            m.cancelled,
+            m.runs,
+            m.run_seconds,
+            m.run_seconds_max,
+            m.wait_seconds,
+        )
+        for m in MetricMinute.objects.all()
+    }
+    minute = T - T % 60
+    assert rows == {
+        (minute, "default"): (2, 1, 1, 0, 3, 5.0, 3.0, 5 + 6 + 10),
+        (minute, "mail"): (0, 1, 0, 0, 1, 2.0, 2.0, 5),
+        (minute + 60, "default"): (0, 0, 0, 1, 0, 0.0, 0.0, 0),
+    }
+
+
+def test_pruning_keeps_the_counters_monotonic(admin_client):
+    store = Store(connection)
+    counters = metrics.Counters()
+    for minute in range(5):
+        counters.ended([job()] * (minute + 1), ["done"] * (minute + 1), T + 60 * minute)
+    metrics.write(store, counters.take())
+    before = scrape(admin_client)[("rws_jobs_done_total", (("job_type", "t.x"), ("queue", "default")))]
+    assert before == 15
+    assert metrics.prune(store, T - T % 60 + 120) == 2  # the first two minutes: 1 + 2 done
+    assert MetricTotal.objects.get().done == 3 and MetricMinute.objects.count() == 3
+    assert metrics.prune(store, T - T % 60 + 120) == 0  # folded once, never twice
+    after = scrape(admin_client)[("rws_jobs_done_total", (("job_type", "t.x"), ("queue", "default")))]
+    assert after == before
+
+
+def test_the_endpoint_needs_staff_or_the_token(client, admin_client, django_user_model, settings):
+    assert client.get(URL).status_code == 403
+    django_user_model.objects.create_user("plain", password="pw")
+    client.login(username="plain", password="pw")
+    assert client.get(URL).status_code == 403  # logged in, not staff
+    assert admin_client.get(URL).status_code == 200
+    settings.RWS_JOBS = {**settings.RWS_JOBS, "METRICS_TOKEN": TOKEN}
+    anonymous = client.__class__()
+    assert anonymous.get(URL, HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
+    assert anonymous.get(URL, HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 200
+
+
+def test_the_gauges_equal_the_tables_counts(admin_client):
+    now = int(time.time())
+    for i in range(3):
+        rws.enqueue("test.record", str(i), queue="mail")
+    rws.enqueue("test.record", "later", queue="mail", run_in=3600)
+    rws.enqueue("test.keyed", "k", concurrency_key="k")
+    failed = rws.enqueue("test.record", "f")
+    Job.objects.filter(id=failed).update(status="failed")
+    Job.objects.filter(payload="0").update(next_run_at=now - 100)
+    rws.pause_queue("mail")
+    found = scrape(admin_client)
+
+    def gauge(queue, state):
+        return found[("rws_queue_jobs", (("queue", queue), ("state", state)))]
+
+    assert (gauge("mail", "pending"), gauge("mail", "due"), gauge("mail", "failed")) == (4, 3, 0)
+    assert (gauge("default", "waiting"), gauge("default", "failed"), gauge("default", "running")) == (1, 1, 0)
+    assert found[("rws_queue_paused", (("queue", "mail"),))] == 1
+    assert found[("rws_queue_paused", (("queue", "default"),))] == 0
+    assert found[("rws_queue_oldest_due_age_seconds", (("queue", "mail"),))] >= 100
+    assert found[("rws_workers_alive", ())] == 0
+
+
+def test_the_endpoint_runs_the_same_statements_for_one_queue_or_twenty(admin_client):
+    def statements() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            admin_client.get(URL)
+        return len(queries)
+
+    rws.enqueue("test.record", "x")
+    one = statements()
+    for i in range(20):
+        rws.enqueue("test.record", "x", queue=f"q{i}")
+        rws.pause_queue(f"q{i}")
+    assert statements() == one
+
+
+@pytest.mark.slow
+def test_a_workers_counters_reach_the_endpoint(tmp_path, started, admin_client):
+    """A burst worker runs 5 jobs, 2 of which fail for good: its counters are written before it
+    exits, and the endpoint's counters equal them."""
+    for i in range(3):
+        rws.enqueue("test.record", str(i))
+    for i in range(2):
+        rws.enqueue("test.fail", str(i), max_retries=0)
+    w = WorkerProcess(tmp_path, "--burst", jobs={"POLL_INTERVAL": 0.1})
+    started.append(w)
+    assert w.wait(60) == 0, w.output()
+    found = scrape(admin_client)
+    assert found[("rws_jobs_done_total", (("job_type", "test.record"), ("queue", "default")))] == 3
+    assert found[("rws_jobs_dead_total", (("job_type", "test.fail"), ("queue", "default")))] == 2
+    assert found[("rws_job_attempts_failed_total", (("job_type", "test.fail"), ("queue", "default")))] == 2
+    assert found[("rws_job_runs_total", (("job_type", "test.record"), ("queue", "default")))] == 3
+
+
+def test_the_overview_charts_the_last_hour_and_day(admin_client):
+    from django.urls import reverse
+
+    store = Store(connection)
+    now = int(time.time())
+    counters = metrics.Counters()
+    counters.ended([job()] * 7 + [job()] * 2, ["done"] * 7 + ["retry"] * 2, now)
+    counters.ended([job()] * 4, ["done"] * 4, now - 3 * 3600)  # in the day's chart only
+    metrics.write(store, counters.take())
+    page = admin_client.get(reverse("admin:django_rws_jobs_job_overview")).content.decode()
+    assert "last hour, per minute: 7 done, 2 failed attempts" in page
+    assert "last day, per 15 minutes: 11 done, 2 failed attempts" in page
+    assert page.count('<rect class="rws-seg-failed"') == 2 and ": 7 done, 2 failed</title>" in page
