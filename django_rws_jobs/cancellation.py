@@ -46,16 +46,17 @@ def cancel(job_id: str, *, by: str | None = None, using: str | None = None) -> b
     jobs = Job.objects.using(alias).filter(id=job_id)
     with transaction.atomic(using=alias):
         waiting = list(jobs.filter(status__in=(Status.PENDING, Status.WAITING)).select_for_update())
-        if waiting:
-            error = cancel_message(by, running=False)
-            jobs.filter(status__in=(Status.PENDING, Status.WAITING)).update(
-                status=Status.CANCELLED,
-                cancelled_at=now,
-                cancelled_by=by,
-                last_error=error,
-                unique_hash=None,
-                concurrency_slot=None,
-            )
+        error = cancel_message(by, running=False)
+        # The UPDATE keeps the status condition: a claim that took the job meanwhile (where rows
+        # are not locked by the SELECT) leaves it to the running job's branch below.
+        if waiting and jobs.filter(status__in=(Status.PENDING, Status.WAITING)).update(
+            status=Status.CANCELLED,
+            cancelled_at=now,
+            cancelled_by=by,
+            last_error=error,
+            unique_hash=None,
+            concurrency_slot=None,
+        ):
             job = waiting[0]
             job.status, job.cancelled_at, job.cancelled_by, job.last_error = Status.CANCELLED, now, by, error
             key = job.concurrency_key if job.concurrency_slot is not None else None
