@@ -11,8 +11,8 @@ Prometheus counters (totals plus minutes) never go down
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 KEYS = ("minute", "queue", "job_type")
@@ -33,53 +33,60 @@ JOB_TYPE_MAX = 191
 
 
 class Counters:
-    """One worker's counters not written yet: (minute, queue, job type) -> ADDS + MAXES."""
+    """One worker's counters not written yet.
+
+    The executors and the recorders only append an event to a deque (one C call, no lock: the
+    per-job cost of the counters); ``take`` adds them up per (minute, queue, job type) once per
+    write. Rows a write could not store wait in ``pending`` for the next one."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.rows: dict[tuple[int, str, str], list[float]] = {}
-
-    def _row(self, now: float, job: Any) -> list[float]:
-        key = (int(now) - int(now) % 60, job.queue, job.job_type[:JOB_TYPE_MAX])
-        row = self.rows.get(key)
-        if row is None:
-            row = self.rows[key] = [0] * (len(ADDS) + len(MAXES))
-        return row
+        self.runs: deque[tuple[Any, float, float]] = deque()  # (job, seconds, start on time.monotonic())
+        self.ends: deque[tuple[Sequence[Any], Sequence[str], float]] = deque()  # (jobs, outcomes, now)
+        self.pending: dict[tuple[int, str, str], list[float]] = {}
 
     def ran(self, job: Any, seconds: float, started: float) -> None:
-        """An attempt of ``job`` ran ``seconds``, from ``started`` (the queue's clock)."""
-        wait = max(started - job.next_run_at, 0.0)
-        with self.lock:
-            row = self._row(started, job)
-            row[4] += 1
-            row[5] += seconds
-            row[6] += wait
-            row[7] = max(row[7], seconds)
+        """An attempt of ``job`` ran ``seconds`` from ``started`` (``time.monotonic()``)."""
+        self.runs.append((job, seconds, started))
 
-    def ended(self, jobs: Iterable[Any], outcomes: Iterable[str], now: float) -> None:
-        """Count the outcomes recorded for ``jobs`` (lost ones count nowhere)."""
-        with self.lock:
+    def ended(self, jobs: Sequence[Any], outcomes: Sequence[str], now: float) -> None:
+        """The outcomes recorded for ``jobs`` at ``now`` (the queue's clock; lost ones count nowhere)."""
+        self.ends.append((jobs, outcomes, now))
+
+    def take(self, now: float, mono: float) -> list[list[Any]]:
+        """The rows to write (KEYS + ADDS + MAXES each), forgotten here. ``now`` and ``mono``:
+        the queue's clock and ``time.monotonic()`` read together, which date the runs."""
+        rows, self.pending = self.pending, {}
+        width = len(ADDS) + len(MAXES)
+
+        def row(at: float, job: Any) -> list[float]:
+            key = (int(at) - int(at) % 60, job.queue, job.job_type[:JOB_TYPE_MAX])
+            found = rows.get(key)
+            if found is None:
+                found = rows[key] = [0] * width
+            return found
+
+        runs, ends = self.runs, self.ends
+        while runs:
+            job, seconds, started = runs.popleft()
+            at = now - (mono - started)
+            r = row(at, job)
+            r[4] += 1
+            r[5] += seconds
+            r[6] += max(at - job.next_run_at, 0.0)
+            r[7] = max(r[7], seconds)
+        while ends:
+            jobs, outcomes, at = ends.popleft()
             for job, outcome in zip(jobs, outcomes, strict=False):
-                columns = OUTCOME_COLUMNS.get(outcome)
-                if columns:
-                    row = self._row(now, job)
-                    for column in columns:
-                        row[ADDS.index(column)] += 1
-
-    def take(self) -> list[list[Any]]:
-        """The rows to write (KEYS + ADDS + MAXES each), forgotten here."""
-        with self.lock:
-            rows, self.rows = self.rows, {}
+                for column in OUTCOME_COLUMNS.get(outcome, ()):
+                    row(at, job)[ADDS.index(column)] += 1
         return [[*key, *values] for key, values in sorted(rows.items())]
 
     def give_back(self, rows: Sequence[Sequence[Any]]) -> None:
         """Rows a write failed to store: added to the next write."""
-        with self.lock:
-            for row in rows:
-                key = (row[0], row[1], row[2])
-                mine = self.rows.setdefault(key, [0] * (len(ADDS) + len(MAXES)))
-                for i, value in enumerate(row[3:]):
-                    mine[i] = max(mine[i], value) if i >= len(ADDS) else mine[i] + value
+        for r in rows:
+            mine = self.pending.setdefault((r[0], r[1], r[2]), [0] * (len(ADDS) + len(MAXES)))
+            for k, value in enumerate(r[3:]):
+                mine[k] = max(mine[k], value) if k >= len(ADDS) else mine[k] + value
 
 
 def write(store: Any, rows: Sequence[Sequence[Any]]) -> None:

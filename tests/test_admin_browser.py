@@ -123,7 +123,7 @@ def some_activity() -> None:
         done = 20 + (minutes_ago * 7) % 40
         failed = 30 if 300 <= minutes_ago < 315 else minutes_ago % 5
         counters.ended([job] * (done + failed), ["done"] * done + ["retry"] * failed, now - 60 * minutes_ago)
-    metrics.write(Store(connection), counters.take())
+    metrics.write(Store(connection), counters.take(now, now))
 
 
 def test_retry_and_delete_from_the_dead_letter_list(page, live_server):

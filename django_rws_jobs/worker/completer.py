@@ -70,7 +70,7 @@ class Completer:
     def flush(self, final: bool = False) -> None:
         """Write the counters (metrics.py); ones that fail are kept for the next write."""
         self.next_flush = time.monotonic() + FLUSH_EVERY
-        rows = self.shared.counters.take()
+        rows = self.shared.counters.take(clock.now(self.shared.alias), time.monotonic())
         if not rows:
             return
         try:

@@ -8,7 +8,6 @@ import traceback
 
 from django.db import connections
 
-from .. import clock
 from ..conf import jobs_settings
 from ..exceptions import JobCancelled, cancel_message
 from ..runner import TRACEBACK_MAX, describe, execute, storable
@@ -97,13 +96,13 @@ class Executor:
             return False
         ident = threading.get_ident()
         shared.executing[ident] = job
-        started, t0 = clock.now(shared.alias), time.monotonic()
+        t0 = time.monotonic()
         try:
             abandoned, error, tb = self.execute(job)
         except BaseException as exc:  # noqa: BLE001  (raised again below)
             self._outcome(ident, job, describe(exc), traceback.format_exc())
             raise
-        shared.counters.ran(job, time.monotonic() - t0, started)
+        shared.counters.ran(job, time.monotonic() - t0, t0)
         if abandoned:
             return False
         self._outcome(ident, job, error, tb)
