@@ -11,8 +11,10 @@ Prometheus counters (totals plus minutes) never go down
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
+from itertools import chain, groupby
+from operator import attrgetter, itemgetter
 from typing import Any
 
 KEYS = ("minute", "queue", "job_type")
@@ -36,49 +38,57 @@ class Counters:
     """One worker's counters not written yet.
 
     The executors and the recorders only append an event to a deque (one C call, no lock: the
-    per-job cost of the counters); ``take`` adds them up per (minute, queue, job type) once per
-    write. Rows a write could not store wait in ``pending`` for the next one."""
+    per-job cost of the counters, measured in docs/benchmarks.md); ``take`` adds them up per
+    queue and job type, with C-level sorts, counts and sums, in the minute of the write that
+    carries them (at most FLUSH_EVERY late). Rows a write could not store wait in ``pending``."""
 
     def __init__(self) -> None:
-        self.runs: deque[tuple[Any, float, float]] = deque()  # (job, seconds, start on time.monotonic())
-        self.ends: deque[tuple[Sequence[Any], Sequence[str], float]] = deque()  # (jobs, outcomes, now)
+        # (queue, job type, seconds, start on time.monotonic(), next_run_at)
+        self.runs: deque[tuple[str, str, float, float, int]] = deque()
+        self.ends: deque[tuple[Sequence[Any], Sequence[str]]] = deque()  # (jobs, outcomes)
         self.pending: dict[tuple[int, str, str], list[float]] = {}
 
     def ran(self, job: Any, seconds: float, started: float) -> None:
         """An attempt of ``job`` ran ``seconds`` from ``started`` (``time.monotonic()``)."""
-        self.runs.append((job, seconds, started))
+        self.runs.append((job.queue, job.job_type, seconds, started, job.next_run_at))
 
-    def ended(self, jobs: Sequence[Any], outcomes: Sequence[str], now: float) -> None:
-        """The outcomes recorded for ``jobs`` at ``now`` (the queue's clock; lost ones count nowhere)."""
-        self.ends.append((jobs, outcomes, now))
+    def ended(self, jobs: Sequence[Any], outcomes: Sequence[str]) -> None:
+        """The outcomes recorded for ``jobs`` (lost ones count nowhere)."""
+        self.ends.append((jobs, outcomes))
 
     def take(self, now: float, mono: float) -> list[list[Any]]:
         """The rows to write (KEYS + ADDS + MAXES each), forgotten here. ``now`` and ``mono``:
-        the queue's clock and ``time.monotonic()`` read together, which date the runs."""
+        the queue's clock and ``time.monotonic()`` read together: the minute, and the runs' starts."""
         rows, self.pending = self.pending, {}
-        width = len(ADDS) + len(MAXES)
+        minute = int(now) - int(now) % 60
 
-        def row(at: float, job: Any) -> list[float]:
-            key = (int(at) - int(at) % 60, job.queue, job.job_type[:JOB_TYPE_MAX])
+        def row(queue: str, job_type: str) -> list[float]:
+            key = (minute, queue, job_type[:JOB_TYPE_MAX])
             found = rows.get(key)
             if found is None:
-                found = rows[key] = [0] * width
+                found = rows[key] = [0] * (len(ADDS) + len(MAXES))
             return found
 
-        runs, ends = self.runs, self.ends
-        while runs:
-            job, seconds, started = runs.popleft()
-            at = now - (mono - started)
-            r = row(at, job)
-            r[4] += 1
-            r[5] += seconds
-            r[6] += max(at - job.next_run_at, 0.0)
-            r[7] = max(r[7], seconds)
-        while ends:
-            jobs, outcomes, at = ends.popleft()
-            for job, outcome in zip(jobs, outcomes, strict=False):
-                for column in OUTCOME_COLUMNS.get(outcome, ()):
-                    row(at, job)[ADDS.index(column)] += 1
+        runs = [self.runs.popleft() for _ in range(len(self.runs))]
+        runs.sort(key=_QUEUE_AND_TYPE)
+        for (queue, job_type), group in groupby(runs, _QUEUE_AND_TYPE):
+            done = list(group)
+            seconds = list(map(_SECONDS, done))
+            r = row(queue, job_type)
+            r[4] += len(done)
+            r[5] += sum(seconds)
+            # Each start on the queue's clock is now - (mono - start): its wait, start - due.
+            r[6] += len(done) * (now - mono) + sum(map(_STARTED, done)) - sum(map(_DUE, done))
+            r[7] = max(r[7], max(seconds))
+        ends = [self.ends.popleft() for _ in range(len(self.ends))]
+        counted = Counter(
+            chain.from_iterable(
+                zip(map(_QUEUE, jobs), map(_TYPE, jobs), outcomes, strict=False) for jobs, outcomes in ends
+            )
+        )
+        for (queue, job_type, outcome), n in counted.items():
+            for index in OUTCOME_INDEXES.get(outcome, ()):
+                row(queue, job_type)[index] += n
         return [[*key, *values] for key, values in sorted(rows.items())]
 
     def give_back(self, rows: Sequence[Sequence[Any]]) -> None:
@@ -87,6 +97,14 @@ class Counters:
             mine = self.pending.setdefault((r[0], r[1], r[2]), [0] * (len(ADDS) + len(MAXES)))
             for k, value in enumerate(r[3:]):
                 mine[k] = max(mine[k], value) if k >= len(ADDS) else mine[k] + value
+
+
+_QUEUE_AND_TYPE = itemgetter(0, 1)
+_SECONDS, _STARTED, _DUE = itemgetter(2), itemgetter(3), itemgetter(4)
+_QUEUE, _TYPE = attrgetter("queue"), attrgetter("job_type")
+OUTCOME_INDEXES = {
+    outcome: tuple(ADDS.index(c) for c in columns) for outcome, columns in OUTCOME_COLUMNS.items()
+}
 
 
 def write(store: Any, rows: Sequence[Sequence[Any]]) -> None:

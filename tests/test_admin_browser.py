@@ -122,8 +122,8 @@ def some_activity() -> None:
     for minutes_ago in range(0, 24 * 60, 3):
         done = 20 + (minutes_ago * 7) % 40
         failed = 30 if 300 <= minutes_ago < 315 else minutes_ago % 5
-        counters.ended([job] * (done + failed), ["done"] * done + ["retry"] * failed, now - 60 * minutes_ago)
-    metrics.write(Store(connection), counters.take(now, now))
+        counters.ended([job] * (done + failed), ["done"] * done + ["retry"] * failed)
+        metrics.write(Store(connection), counters.take(now - 60 * minutes_ago, now))
 
 
 def test_retry_and_delete_from_the_dead_letter_list(page, live_server):

@@ -37,22 +37,24 @@ def scrape(client, **headers):
 
 
 def test_counters_add_up_per_minute_queue_and_job_type_across_writes():
-    # Runs are dated at take() from the clock and time.monotonic() read together: with both T,
-    # a run that started at "monotonic" T + 1 started at T + 1.
+    # Events are counted in the minute of the write (take) that carries them; a run's start is
+    # dated from the clock and time.monotonic() read together at that write: with both T, a run
+    # that started at "monotonic" T + 1 started at T + 1.
     store = Store(connection)
     counters = metrics.Counters()
     counters.ran(job(), 0.5, T)
     counters.ran(job(), 1.5, T + 1)
     counters.ran(job("mail"), 2.0, T)
-    counters.ended([job(), job(), job("mail"), job()], ["done", "dead", "retry", "lost"], T)
+    counters.ended([job(), job(), job("mail"), job()], ["done", "dead", "retry", "lost"])
     metrics.write(store, counters.take(T, T))
     assert counters.take(T, T) == []
     counters.give_back([[T - T % 60, "mail", "t.x", 0, 0, 0, 0, 1, 1.0, 0.0, 9.0]])  # a failed write's
     assert counters.take(T, T) == [[T - T % 60, "mail", "t.x", 0, 0, 0, 0, 1, 1.0, 0.0, 9.0]]
-    counters.ended([job()], ["cancelled"], T + 30)  # the next minute
-    counters.ended([job()], ["done"], T + 5)
+    counters.ended([job()], ["done"])
     counters.ran(job(), 3.0, T + 5)
-    metrics.write(store, counters.take(T, T))  # added to the stored minute
+    metrics.write(store, counters.take(T + 10, T + 10))  # added to the stored minute
+    counters.ended([job()], ["cancelled"])
+    metrics.write(store, counters.take(T + 30, T + 30))  # the next minute
     rows = {
         (m.minute, m.queue): (
             m.done,
@@ -78,8 +80,8 @@ def test_pruning_keeps_the_counters_monotonic(admin_client):
     store = Store(connection)
     counters = metrics.Counters()
     for minute in range(5):
-        counters.ended([job()] * (minute + 1), ["done"] * (minute + 1), T + 60 * minute)
-    metrics.write(store, counters.take(T, T))
+        counters.ended([job()] * (minute + 1), ["done"] * (minute + 1))
+        metrics.write(store, counters.take(T + 60 * minute, T))
     before = scrape(admin_client)[("rws_jobs_done_total", (("job_type", "t.x"), ("queue", "default")))]
     assert before == 15
     assert metrics.prune(store, T - T % 60 + 120) == 2  # the first two minutes: 1 + 2 done
@@ -162,9 +164,10 @@ def test_the_overview_charts_the_last_hour_and_day(admin_client):
     store = Store(connection)
     now = int(time.time())
     counters = metrics.Counters()
-    counters.ended([job()] * 7 + [job()] * 2, ["done"] * 7 + ["retry"] * 2, now)
-    counters.ended([job()] * 4, ["done"] * 4, now - 3 * 3600)  # in the day's chart only
-    metrics.write(store, counters.take(T, T))
+    counters.ended([job()] * 7 + [job()] * 2, ["done"] * 7 + ["retry"] * 2)
+    metrics.write(store, counters.take(now, now))
+    counters.ended([job()] * 4, ["done"] * 4)
+    metrics.write(store, counters.take(now - 3 * 3600, now))  # in the day's chart only
     page = admin_client.get(reverse("admin:django_rws_jobs_job_overview")).content.decode()
     assert "last hour, per minute: 7 done, 2 failed attempts" in page
     assert "last day, per 15 minutes: 11 done, 2 failed attempts" in page

@@ -111,10 +111,9 @@ class Completer:
             )
         finally:
             self.shared.let_go([job for job, _, _ in items])
-        self.shared.stats.add([outcome for _, outcome in ended])
-        self.shared.counters.ended(
-            [job for job, _ in ended], [o for _, o in ended], clock.now(self.shared.alias)
-        )
+        jobs, results = zip(*ended, strict=True) if ended else ((), ())
+        self.shared.stats.add(results)
+        self.shared.counters.ended(jobs, results)
         keys = keys_of(job for job, _, _ in items)
         if keys:
             self._promote(deadline, keys)

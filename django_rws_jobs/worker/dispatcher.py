@@ -143,7 +143,7 @@ class Dispatcher:
         if finished:
             ended = outcomes(finished, done)
             shared.stats.add(ended)
-            shared.counters.ended(finished, ended, now)
+            shared.counters.ended(finished, ended)
             shared.let_go(finished)
         if claimed:
             return self._hand_out(claimed)

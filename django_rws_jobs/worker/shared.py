@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,7 @@ class Stats:
         with self.lock:
             setattr(self, name, getattr(self, name) + 1)
 
-    def add(self, outcomes: list[str]) -> None:
+    def add(self, outcomes: Iterable[str]) -> None:
         with self.lock:
             for outcome in outcomes:
                 attr = {
