@@ -45,7 +45,8 @@ class Counters:
     def __init__(self) -> None:
         # (queue, job type, seconds, start on time.monotonic(), next_run_at)
         self.runs: deque[tuple[str, str, float, float, int]] = deque()
-        self.ends: deque[tuple[Sequence[Any], Sequence[str]]] = deque()  # (jobs, outcomes)
+        # (queues, job types, outcomes): names only, so that no job object outlives its batch
+        self.ends: deque[tuple[tuple[str, ...], tuple[str, ...], Sequence[str]]] = deque()
         self.pending: dict[tuple[int, str, str], list[float]] = {}
 
     def ran(self, job: Any, seconds: float, started: float) -> None:
@@ -54,7 +55,7 @@ class Counters:
 
     def ended(self, jobs: Sequence[Any], outcomes: Sequence[str]) -> None:
         """The outcomes recorded for ``jobs`` (lost ones count nowhere)."""
-        self.ends.append((jobs, outcomes))
+        self.ends.append((tuple(map(_QUEUE, jobs)), tuple(map(_TYPE, jobs)), outcomes))
 
     def take(self, now: float, mono: float) -> list[list[Any]]:
         """The rows to write (KEYS + ADDS + MAXES each), forgotten here. ``now`` and ``mono``:
@@ -83,7 +84,7 @@ class Counters:
         ends = [self.ends.popleft() for _ in range(len(self.ends))]
         counted = Counter(
             chain.from_iterable(
-                zip(map(_QUEUE, jobs), map(_TYPE, jobs), outcomes, strict=False) for jobs, outcomes in ends
+                zip(queues, types, outcomes, strict=False) for queues, types, outcomes in ends
             )
         )
         for (queue, job_type, outcome), n in counted.items():
