@@ -82,10 +82,15 @@ def test_bad_thresholds_are_refused_naming_them():
 
 @pytest.mark.slow
 def test_unapplied_migrations_are_unhealthy():
-    call_command("migrate", "django_rws_jobs", "0012", verbosity=0)
+    from django.db.migrations.loader import MigrationLoader
+
+    graph = MigrationLoader(connection).graph
+    (last,) = graph.leaf_nodes("django_rws_jobs")
+    (before,) = graph.node_map[last].parents
+    call_command("migrate", "django_rws_jobs", before[1], verbosity=0)
     try:
         code, line = health()
-        assert code == 1 and line == "unhealthy: migrations not applied: 0013_cancelling (manage.py migrate)"
+        assert code == 1 and line == f"unhealthy: migrations not applied: {last[1]} (manage.py migrate)"
     finally:
         call_command("migrate", "django_rws_jobs", verbosity=0)
     assert health()[0] == 0
