@@ -95,9 +95,7 @@ class Counters:
     def give_back(self, rows: Sequence[Sequence[Any]]) -> None:
         """Rows a write failed to store: added to the next write."""
         for r in rows:
-            mine = self.pending.setdefault((r[0], r[1], r[2]), [0] * (len(ADDS) + len(MAXES)))
-            for k, value in enumerate(r[3:]):
-                mine[k] = max(mine[k], value) if k >= len(ADDS) else mine[k] + value
+            merge(self.pending, (r[0], r[1], r[2]), r[3:])
 
 
 _QUEUE_AND_TYPE = itemgetter(0, 1)
@@ -106,6 +104,14 @@ _QUEUE, _TYPE = attrgetter("queue"), attrgetter("job_type")
 OUTCOME_INDEXES = {
     outcome: tuple(ADDS.index(c) for c in columns) for outcome, columns in OUTCOME_COLUMNS.items()
 }
+
+
+def merge(rows: dict[Any, list[Any]], key: Any, values: Sequence[Any]) -> None:
+    """Add ``values`` (ADDS then MAXES) to ``rows[key]``: the ADDS summed, the larger of each MAX
+    kept."""
+    mine = rows.setdefault(key, [0] * (len(ADDS) + len(MAXES)))
+    for i, value in enumerate(values):
+        mine[i] = max(mine[i], value) if i >= len(ADDS) else mine[i] + value
 
 
 def write(store: Any, rows: Sequence[Sequence[Any]]) -> None:
@@ -131,9 +137,7 @@ def prune(store: Any, before: int) -> int:
             return 0
         totals: dict[tuple[str, str], list[Any]] = {}
         for row in found:
-            mine = totals.setdefault((row[1], row[2]), [0] * (len(ADDS) + len(MAXES)))
-            for i, value in enumerate(row[3:]):
-                mine[i] = max(mine[i], value) if i >= len(ADDS) else mine[i] + value
+            merge(totals, (row[1], row[2]), row[3:])
         ids = [row[0] for row in found]
         c.execute(f"DELETE FROM rws_metrics WHERE id IN ({', '.join(['%s'] * len(ids))})", ids)
         rows = [[*key, *values] for key, values in sorted(totals.items())]
