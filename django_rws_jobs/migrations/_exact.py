@@ -1,4 +1,4 @@
-"""MariaDB/MySQL: a binary, no-pad collation for a compared column (migrations 0007 and 0011).
+"""MariaDB/MySQL: a binary, no-pad collation for a compared column (migrations 0007, 0011 and 0015).
 Not a migration: the loader skips modules whose name starts with an underscore."""
 
 
@@ -16,3 +16,13 @@ def alter(schema_editor, model, name: str, collate: bool) -> None:
     exact.model = model
     old, new = (plain, exact) if collate else (exact, plain)
     schema_editor.alter_field(model, old, new)
+
+
+def alter_columns(apps, schema_editor, columns: dict[str, list[str]], collate: bool) -> None:
+    """``alter`` for each of ``columns`` (model name -> field names), on MariaDB/MySQL only."""
+    if schema_editor.connection.vendor != "mysql":
+        return
+    for model_name, names in columns.items():
+        model = apps.get_model("django_rws_jobs", model_name)
+        for name in names:
+            alter(schema_editor, model, name, collate)
