@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 
 from . import clock, ids
 from .backends import backend_for
@@ -24,6 +25,8 @@ from .validation import integer as _int
 from .validation import only_known as _only_known
 from .validation import text as _text
 from .validation import timeout as _timeout
+
+logger = logging.getLogger("django_rws_jobs")
 
 #: What a dict item of enqueue_many may hold: enqueue's options, nothing internal.
 ITEM_KEYS = (
@@ -62,8 +65,8 @@ def prepare(
     """Validate one job's arguments and return its INSERT parameters (the id included).
 
     A job with a ``concurrency_key`` goes in waiting, with its limit: ``concurrency_limit`` (a
-    task's), else its type's ``@job(concurrency_limit=)``, else 1; a worker's promotion makes it
-    pending once the key has a free slot (concurrency_keys.py)."""
+    task's), else its type's ``@job(concurrency_limit=)``, else 1; a promotion makes it pending
+    once the key has a free slot (concurrency_keys.py): enqueue's own at commit, or a worker's."""
     job_type = _text("job_type", job_type)
     payload = _text("payload", payload, empty=True)
     spec = registry.get(job_type)
@@ -152,8 +155,28 @@ def insert_prepared(alias: str, params: list[Any]) -> str:
         job_id = params[0]
     else:
         job_id = _insert_unique(alias, params)
+    if params[11] is not None and params[4] <= params[5]:  # a due job with a concurrency key
+        _promote_at_commit(alias, params[11])
     _wake_local_workers(alias)
     return job_id
+
+
+def _promote_at_commit(alias: str, key: str) -> None:
+    """Once the job commits, make it pending if its key has a free slot, as the workers' sweep
+    would, so that a job of a free key starts without waiting for a sweep to reach its key
+    (tests/test_concurrency_keys.py::test_a_job_of_a_free_key_is_pending_once_enqueued). A
+    failure is logged: the sweep promotes it later."""
+
+    def promote_key() -> None:
+        from .concurrency_keys import promote
+        from .store import Store
+
+        try:
+            promote(Store(connections[alias]), [key], int(clock.now(alias)))
+        except DatabaseError:
+            logger.warning("could not promote concurrency key %r at enqueue; a worker's sweep will", key)
+
+    transaction.on_commit(promote_key, using=alias)
 
 
 def _insert(conn: Any, params: list[Any]) -> None:

@@ -106,34 +106,92 @@ def _take(store: Any, c: Any, slot: int, job_id: str) -> bool:
 
 class KeySweep:
     """A worker's sweep: the keys that have due waiting jobs, KEYS_PER_SWEEP at a time in key
-    order, from where the last one stopped, each promoted."""
+    order, from where the last one stopped; those with a free slot are promoted. A key whose
+    slots are all held costs the sweep one index entry, not a promotion's statements, so a
+    sweep walks many busy keys cheaply (benchmarks/keys.py)."""
 
     #: The longest time (seconds) between two sweeps of a busy worker.
     REFRESH = 1.0
-    KEYS_PER_SWEEP = 100
+    KEYS_PER_SWEEP = 1000
 
     def __init__(self) -> None:
         self.after = ""
         self.swept_at = -math.inf
-        #: The last sweep found due waiting jobs (a ``--burst`` worker waits for their keys).
+        #: The last sweep found due waiting jobs.
         self.waiting = False
 
     def stale(self) -> bool:
         return time.monotonic() - self.swept_at >= self.REFRESH
 
     def sweep(self, store: Any, now: int) -> int:
+        """One page of keys from the cursor (the first page again once past the last key);
+        return the jobs promoted."""
+        keys, full_page = self._page(store, now, self.after)
+        if not keys and self.after:  # past the last key: start again from the first
+            keys, full_page = self._page(store, now, "")
+        self.after = keys[-1][0] if full_page else ""
+        self.swept_at = time.monotonic()
+        self.waiting = bool(keys)
+        free = [key for key, has_room in keys if has_room]
+        return promote(store, free, now) if free else 0
+
+    def sweep_all(self, store: Any, now: int) -> int:
+        """Every key, page after page (tick(), and a --burst worker before it decides to stop:
+        tests/test_concurrency_keys.py::test_tick_promotes_a_free_key_past_many_busy_ones)."""
+        total, after, waiting = 0, "", False
+        while True:
+            keys, full_page = self._page(store, now, after)
+            waiting = waiting or bool(keys)
+            free = [key for key, has_room in keys if has_room]
+            total += promote(store, free, now) if free else 0
+            if not full_page:
+                break
+            after = keys[-1][0]
+        self.swept_at = time.monotonic()
+        self.waiting = waiting
+        return total
+
+    def _page(self, store: Any, now: int, after: str) -> tuple[list[tuple[str, bool]], bool]:
+        """Up to KEYS_PER_SWEEP keys after ``after`` with due waiting jobs, each with whether it
+        holds fewer slots than the largest limit of those jobs (one count of the slot index,
+        rws_jobs_key_slot_unique), and whether the page was full."""
         n = self.KEYS_PER_SWEEP
         with store.cursor() as c:
             c.execute(
-                "SELECT DISTINCT concurrency_key FROM rws_jobs WHERE status = 'waiting' "
-                f"AND next_run_at <= %s AND concurrency_key > %s ORDER BY concurrency_key LIMIT {n}",
-                [now, self.after],
+                "SELECT w.k, (SELECT COUNT(*) FROM rws_jobs h WHERE h.concurrency_key = w.k "
+                "AND h.concurrency_slot IS NOT NULL) < w.lim FROM (SELECT concurrency_key AS k, "
+                "MAX(COALESCE(concurrency_limit, 1)) AS lim FROM rws_jobs WHERE status = 'waiting' "
+                "AND next_run_at <= %s AND concurrency_key > %s GROUP BY concurrency_key "
+                f"ORDER BY concurrency_key LIMIT {n}) w ORDER BY w.k",
+                [now, after],
             )
-            keys = [row[0] for row in c.fetchall()]
-        self.after = keys[-1] if len(keys) == n else ""
-        self.swept_at = time.monotonic()
-        self.waiting = bool(keys)
-        return promote(store, keys, now) if keys else 0
+            keys = [(row[0], bool(row[1])) for row in c.fetchall()]
+        return keys, len(keys) == n
+
+    def blocked_in(self, store: Any, now: int, queues: list[str] | None, paused: frozenset[str]) -> bool:
+        """Whether a due waiting job of ``queues`` (None: every queue) that is not paused waits
+        for a key one of whose jobs is running: a --burst worker waits for such a job, and for
+        no other waiting job (one whose key's slots are held by jobs of queues it does not
+        serve, or paused, never starts in this burst:
+        tests/test_concurrency_keys.py::test_a_burst_worker_exits_past_keys_it_cannot_serve)."""
+        where = ""
+        params: list[Any] = [now]
+        if queues is not None:
+            if not queues:
+                return False
+            where = f" AND w.queue IN ({', '.join(['%s'] * len(queues))})"
+            params += queues
+        elif paused:
+            where = f" AND w.queue NOT IN ({', '.join(['%s'] * len(paused))})"
+            params += sorted(paused)
+        with store.cursor() as c:
+            c.execute(
+                "SELECT 1 FROM rws_jobs w WHERE w.status = 'waiting' AND w.next_run_at <= %s"
+                f"{where} AND EXISTS (SELECT 1 FROM rws_jobs h WHERE h.concurrency_key = "
+                "w.concurrency_key AND h.status = 'running') LIMIT 1",
+                params,
+            )
+            return c.fetchone() is not None
 
 
 def keys_of(jobs: Iterable[Any]) -> list[str]:

@@ -32,7 +32,7 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     serving = QueueFilter(queues)
     unlimited = serving.current(store)  # paused and limited queues left out
     now = int(clock.now(alias))
-    KeySweep().sweep(store, now)  # jobs with a concurrency key whose key has room: pending
+    KeySweep().sweep_all(store, now)  # jobs with a concurrency key whose key has room: pending
     token = ids.claim_token()
     claimed = [] if unlimited is NONE_UNPAUSED else store.claim(token, now, now + lease, unlimited, 1)
     if not claimed and serving.limited:

@@ -6,7 +6,7 @@ import time
 from collections import Counter
 
 import pytest
-from django.db import IntegrityError, connection
+from django.db import IntegrityError, connection, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,10 +37,11 @@ def claim(store, n=10, token="w#1"):
 
 
 def test_a_keyed_job_waits_with_its_types_limit_and_others_stay_pending():
-    a = rws.enqueue("test.keyed3", "x", concurrency_key="account:1")
-    b = rws.enqueue("test.record", "y", concurrency_key="account:1")
-    plain = rws.enqueue("test.record", "z")
-    rows = {j.id: j for j in Job.objects.all()}
+    with transaction.atomic():
+        a = rws.enqueue("test.keyed3", "x", concurrency_key="account:1")
+        b = rws.enqueue("test.record", "y", concurrency_key="account:1")
+        plain = rws.enqueue("test.record", "z")
+        rows = {j.id: j for j in Job.objects.all()}
     assert (rows[a].status, rows[a].concurrency_limit, rows[a].concurrency_slot) == ("waiting", 3, None)
     assert (rows[b].status, rows[b].concurrency_limit) == ("waiting", 1)  # no limit set: 1
     assert (rows[plain].status, rows[plain].concurrency_key, rows[plain].concurrency_limit) == (
@@ -94,12 +95,32 @@ def test_enqueue_many_items_take_a_concurrency_key():
 # -- promotion -------------------------------------------------------------------------------------
 
 
+def test_a_job_of_a_free_key_is_pending_once_enqueued():
+    """enqueue promotes its job at commit when the key has a free slot, so that it needs no sweep
+    (which may be many busy keys away: benchmarks/keys.py); inside a transaction it waits until
+    the commit."""
+    first = rws.enqueue("test.keyed2", "1", concurrency_key="k")
+    assert state("k") == [("pending", 0)]
+    with transaction.atomic():
+        second = rws.enqueue("test.keyed2", "2", concurrency_key="k")
+        assert Job.objects.get(id=second).status == "waiting"
+    third = rws.enqueue("test.keyed2", "3", concurrency_key="k")
+    later = rws.enqueue("test.keyed2", "later", concurrency_key="other", run_in=3600)
+    assert {j.id: (j.status, j.concurrency_slot) for j in Job.objects.all()} == {
+        first: ("pending", 0),
+        second: ("pending", 1),
+        third: ("waiting", None),  # the key is at its limit of 2
+        later: ("waiting", None),  # not due yet: the sweep promotes it when it is
+    }
+
+
 def test_promotion_fills_the_free_slots_in_claim_order():
     store = Store(connection)
-    low = [rws.enqueue("test.keyed2", str(i), concurrency_key="k") for i in range(3)]
-    high = rws.enqueue("test.keyed2", "high", concurrency_key="k", priority=5)
-    later = rws.enqueue("test.keyed2", "later", concurrency_key="k", priority=9, run_in=3600)
-    assert promote(store, ["k"], int(time.time())) == 2
+    with transaction.atomic():  # (enqueue's own promotion waits for the commit)
+        low = [rws.enqueue("test.keyed2", str(i), concurrency_key="k") for i in range(3)]
+        high = rws.enqueue("test.keyed2", "high", concurrency_key="k", priority=5)
+        later = rws.enqueue("test.keyed2", "later", concurrency_key="k", priority=9, run_in=3600)
+        assert promote(store, ["k"], int(time.time()), in_transaction=True) == 2
     pending = Job.objects.filter(status="pending")
     assert {j.id: j.concurrency_slot for j in pending} == {high: 0, low[0]: 1}  # not yet due: left
     assert promote(store, ["k"], int(time.time())) == 0  # the key is at its limit
@@ -191,6 +212,78 @@ def test_tick_runs_the_jobs_of_a_key_one_at_a_time_and_others_meanwhile():
     ]
 
 
+def busy_keys(n, *, queue="default", prefix="busy"):
+    """``n`` keys whose only slot a running job holds (for a worker far away: a lease of a day),
+    each with a due job waiting for it."""
+    now = int(time.time())
+    rows = []
+    for i in range(n):
+        key = f"{prefix}-{i:04d}"
+        common = dict(
+            job_type="test.keyed", next_run_at=now, created_at=now, queue=queue, concurrency_key=key
+        )
+        holder = dict(concurrency_slot=0, locked_by="far:away#1", locked_until=now + 86400)
+        rows.append(Job(id=f"{key}-holder", status="running", concurrency_limit=1, **holder, **common))
+        rows.append(Job(id=f"{key}-waiting", status="waiting", concurrency_limit=1, **common))
+    Job.objects.bulk_create(rows)
+
+
+def a_waiting_job(key, payload):
+    """A due job of ``key`` that nobody has promoted yet (as a retry is once its backoff ends)."""
+    now = int(time.time())
+    Job.objects.create(
+        id=f"job-{key}",
+        job_type="test.record",
+        payload=payload,
+        status="waiting",
+        next_run_at=now,
+        created_at=now,
+        concurrency_key=key,
+        concurrency_limit=1,
+    )
+
+
+def test_tick_promotes_a_free_key_past_many_busy_ones(runs):
+    busy_keys(150)
+    a_waiting_job("zzz", "free")
+    assert rws.tick() is True and runs() == [("record", "free")]
+
+
+def test_the_sweep_walks_every_key_page_by_page_and_starts_again(monkeypatch):
+    monkeypatch.setattr(KeySweep, "KEYS_PER_SWEEP", 10)
+    store = Store(connection)
+    busy_keys(25)
+    a_waiting_job("zzz", "free")
+    sweep = KeySweep()
+    assert [sweep.sweep(store, T) for _ in range(3)] == [0, 0, 1]  # keys 0-9, 10-19, 20-24 and zzz
+    assert state("zzz") == [("pending", 0)]
+    a_waiting_job("aaa", "first")  # before the cursor, which is past the last key: the next sweep
+    assert sweep.sweep(store, T) == 1 and state("aaa") == [("pending", 0)]
+    a_waiting_job("zzzz", "last")
+    assert KeySweep().sweep_all(store, T) == 1 and state("zzzz") == [("pending", 0)]
+
+
+@pytest.mark.slow
+def test_a_burst_worker_exits_past_keys_it_cannot_serve(tmp_path, started):
+    """A --burst worker waits for a job it serves whose key a running job holds, and for no other
+    waiting job: one in a queue it does not serve, or in a paused one."""
+    busy_keys(1, queue="b", prefix="b")
+    rws.enqueue("test.record", "served", queue="a")
+    waits = WorkerProcess(tmp_path, "--burst", "--queues", "b", name="b")
+    started.append(waits)
+    other = WorkerProcess(tmp_path, "--burst", "--queues", "a", name="a")
+    started.append(other)
+    assert other.wait(30) == 0, other.output()
+    rws.pause_queue("p")
+    busy_keys(1, queue="p", prefix="p")
+    paused = WorkerProcess(tmp_path, "--burst", "--queues", "a,p", name="paused")
+    started.append(paused)
+    assert paused.wait(30) == 0, paused.output()
+    assert waits.proc.poll() is None, waits.output()  # its job still waits for the running one
+    waits.signal(signal.SIGTERM)
+    assert waits.wait(30) == 0
+
+
 def test_a_cron_entry_takes_a_concurrency_key(settings):
     from django_rws_jobs.schedules import tick_schedules
 
@@ -201,7 +294,9 @@ def test_a_cron_entry_takes_a_concurrency_key(settings):
     t = int(time.time())
     tick_schedules(now=t)  # the schedule's first due time: t + 1
     assert tick_schedules(now=t + 1) == 1
-    assert [(j.status, j.concurrency_key) for j in Job.objects.all()] == [("waiting", "sync")]
+    assert [(j.status, j.concurrency_key, j.concurrency_slot) for j in Job.objects.all()] == [
+        ("pending", "sync", 0)  # its key is free: promoted at enqueue
+    ]
 
 
 # -- the bookkeeping against a model ----------------------------------------------------------------

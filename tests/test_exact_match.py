@@ -85,12 +85,15 @@ def test_the_overview_counts_queues_that_differ_only_in_case_apart(admin_client)
 
 @pytest.mark.parametrize("wanted, other", LOOKALIKES)
 def test_concurrency_keys_that_differ_only_by_collation_are_two_keys(wanted, other):
+    from django.db import transaction
+
     from django_rws_jobs.concurrency_keys import promote
     from django_rws_jobs.store import Store
 
-    a = rws.enqueue("test.keyed", "a", concurrency_key=wanted)
-    b = rws.enqueue("test.keyed", "b", concurrency_key=other)
-    assert promote(Store(connection), [wanted, other], int(time.time())) == 2  # each its own slot 0
+    with transaction.atomic():  # (enqueue's own promotion waits for the commit)
+        a = rws.enqueue("test.keyed", "a", concurrency_key=wanted)
+        b = rws.enqueue("test.keyed", "b", concurrency_key=other)
+        assert promote(Store(connection), [wanted, other], int(time.time()), in_transaction=True) == 2
     assert set(Job.objects.filter(id__in=[a, b]).values_list("status", "concurrency_slot")) == {
         ("pending", 0)
     }

@@ -108,7 +108,8 @@ def test_the_gauges_equal_the_tables_counts(admin_client):
     for i in range(3):
         rws.enqueue("test.record", str(i), queue="mail")
     rws.enqueue("test.record", "later", queue="mail", run_in=3600)
-    rws.enqueue("test.keyed", "k", concurrency_key="k")
+    rws.enqueue("test.keyed", "k", concurrency_key="k")  # pending: the key's slot was free
+    rws.enqueue("test.keyed", "k2", concurrency_key="k")  # waiting
     failed = rws.enqueue("test.record", "f")
     Job.objects.filter(id=failed).update(status="failed")
     Job.objects.filter(payload="0").update(next_run_at=now - 100)

@@ -115,14 +115,14 @@ def test_rws_queues_lists_pauses_and_resumes():
 def test_rws_queues_lists_limits_and_jobs_waiting_for_their_key(settings):
     queues = {"api": {"concurrency": 3, "rate_limit": "20/s"}, "slow": {"rate_limit": "5/h"}}
     settings.RWS_JOBS = {**settings.RWS_JOBS, "QUEUES": queues}
-    rws.enqueue("test.keyed", "1", concurrency_key="k")
+    rws.enqueue("test.keyed", "1", concurrency_key="k")  # pending: the key's slot was free
     rws.enqueue("test.keyed", "2", concurrency_key="k", queue="api")
     out = io.StringIO()
     call_command("rws_queues", "list", stdout=out)
     assert out.getvalue().splitlines() == [
         "QUEUE    STATE   LIMITS           WAITING  DUE  LATER  RUNNING  FAILED",
         "api      active  3 at once, 20/s  1        0    0      0        0",
-        "default  active  -                1        0    0      0        0",
+        "default  active  -                0        1    0      0        0",
         "slow     active  5/h              0        0    0      0        0",
     ]
 

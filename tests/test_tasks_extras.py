@@ -10,6 +10,7 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import transaction
 from django.test import override_settings
 from django.urls import reverse
 
@@ -191,10 +192,11 @@ def test_the_admin_shows_task_rows_as_tasks_and_lists_results(admin_client):
 
 def test_a_tasks_concurrency_key_is_its_function_of_the_arguments():
     """The key function sees the arguments as the worker will; the limit is the task's."""
-    result = tasks.sync_account.enqueue(42, full=True)
-    job = Job.objects.get(id=result.id)
-    assert (job.status, job.concurrency_key, job.concurrency_limit) == ("waiting", "account:42", 2)
-    assert result.status == Status.READY  # waiting for its key reads as READY, as pending does
+    with transaction.atomic():  # (enqueue promotes its job at commit)
+        result = tasks.sync_account.enqueue(42, full=True)
+        job = Job.objects.get(id=result.id)
+        assert (job.status, job.concurrency_key, job.concurrency_limit) == ("waiting", "account:42", 2)
+        assert result.status == Status.READY  # waiting for its key reads as READY, as pending does
     fixed = tasks.sync_account.using().with_options(concurrency_key="nightly", concurrency_limit=1)
     job = Job.objects.get(id=fixed.enqueue(7).id)
     assert (job.concurrency_key, job.concurrency_limit) == ("nightly", 1)

@@ -43,12 +43,14 @@ class Dispatcher:
         self.features = features
         self.queues = QueueFilter(queues)
         self.keys = KeySweep()
-        #: The last claim round began with a sweep of the concurrency keys.
+        #: The last claim round began with a sweep of every concurrency key (--burst).
         self.swept = False
         #: The last idle wait ended with a wake-up hint.
         self.woken = False
         #: Due jobs of a limited queue were left for its limits at the last claim.
         self.held_back = False
+        #: At the last --burst sweep, a job this worker serves waited for a running job's key.
+        self.key_blocked = False
         self.turn = 0
         self.burst = burst
         self.max_jobs = max_jobs
@@ -149,8 +151,8 @@ class Dispatcher:
             return self._hand_out(claimed)
         if self.burst:
             if not self.swept:
-                return True  # look again at once, with a sweep of the concurrency keys
-            return self._burst_wait(busy or self.held_back or self.keys.waiting)
+                return True  # look again at once, with a sweep of every concurrency key
+            return self._burst_wait(busy or self.held_back or self.key_blocked)
         # Woken by a hint (NOTIFY, a job enqueued in this process, another process's write on
         # SQLite), claim straight away; after a plain poll interval, look with read-only
         # statements first.
@@ -167,12 +169,18 @@ class Dispatcher:
         Before them, at most KeySweep.REFRESH apart, the sweep of the concurrency keys."""
         serving = self.queues
         queues = serving.current(store)
-        # A --burst worker decides to stop on a fresh sweep: after a round that claimed nothing.
-        # A hint that woke an idle worker may be a keyed job's enqueue: swept at once too.
-        self.swept = self.keys.stale() or self.woken or (self.burst and idle)
-        self.woken = False
+        # A --burst worker decides to stop on a sweep of every key, after a round that claimed
+        # nothing. A hint that woke an idle worker may be a keyed job's enqueue: swept at once.
+        self.swept = self.burst and idle
         if self.swept:
+            # Every key, then whether a job this worker serves waits for a running job's key.
+            self.keys.sweep_all(store, now)
+            own = serving.own
+            served = None if own is None else [q for q in own if q not in serving.paused]
+            self.key_blocked = self.keys.waiting and self.keys.blocked_in(store, now, served, serving.paused)
+        elif self.keys.stale() or self.woken:
             self.keys.sweep(store, now)
+        self.woken = False
         done: set[str]
         claimed: list[Claimed]
         if queues is NONE_UNPAUSED:
