@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -42,6 +43,7 @@ class WorkerProcess:
             stderr=subprocess.STDOUT,
             start_new_session=new_session,
         )
+        LIVE.add(self)
 
     def output(self) -> str:
         return self.log.read_text()
@@ -84,16 +86,48 @@ def workers(tmp_path):
 
 
 def wait_for(predicate, timeout=30.0, what="condition"):
+    """Wait until ``predicate()``; on a timeout, fail with every live worker's thread dump."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}{thread_dumps()}")
+
+
+#: The workers the tests started, while they live (a timed-out wait dumps their threads).
+LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def thread_dumps() -> str:
+    """Ask each live worker for its threads' stacks (SIGUSR1, rws_worker's faulthandler) and
+    return what they printed."""
+    live = [(w, len(w.output())) for w in LIVE if w.proc.poll() is None]
+    for w, _ in live:
+        w.signal(signal.SIGUSR1)
+    dumps = []
+    for w, start in live:
+        deadline = time.monotonic() + 5
+        while "Current thread" not in w.output()[start:] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        dumps.append(f"\n--- {w.log.name} (pid {w.proc.pid}), its threads ---\n{w.output()[start:]}")
+    return "".join(dumps)
 
 
 def run_counts(kind="record"):
     return Counter(Run.objects.filter(kind=kind).values_list("payload", flat=True))
+
+
+def test_sigusr1_prints_every_threads_stack(tmp_path, started):
+    w = WorkerProcess(tmp_path, "--workers", "2")
+    started.append(w)
+    w.started()
+    dump = thread_dumps()
+    for role in ("dispatcher.py", "completer.py", "keeper.py", "executor.py", "supervisor.py"):
+        assert role in dump, dump
+    assert w.proc.poll() is None  # it goes on
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0
 
 
 def test_three_processes_drain_300_jobs_each_once(workers):

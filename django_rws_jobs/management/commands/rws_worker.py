@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
 import os
 import signal
@@ -169,6 +170,9 @@ class Command(BaseCommand):
     def _run_worker(self, settings: dict[str, Any]) -> int:
         worker = Worker(**settings)
         worker.install_signal_handlers()
+        # SIGUSR1 prints every thread's stack to stderr, from C, whatever the threads hold: a
+        # wedged worker explains itself (tests/test_worker.py::test_sigusr1_prints_every_threads_stack).
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
         return worker.run()
 
     def _run_processes(self, count: int, settings: dict[str, Any]) -> int:
