@@ -95,6 +95,9 @@ def wait_for(predicate, timeout=30.0, what="condition"):
     raise AssertionError(f"timed out waiting for {what}{thread_dumps()}")
 
 
+#: A line of each thread dump: the main thread's frame (not "Current thread", which a dump taken
+#: by a thread with no Python frame leaves out).
+DUMPED = "in _run_worker"
 #: The workers the tests started, while they live (a timed-out wait dumps their threads).
 LIVE: weakref.WeakSet = weakref.WeakSet()
 
@@ -108,8 +111,9 @@ def thread_dumps() -> str:
     dumps = []
     for w, start in live:
         deadline = time.monotonic() + 5
-        while "Current thread" not in w.output()[start:] and time.monotonic() < deadline:
+        while DUMPED not in w.output()[start:] and time.monotonic() < deadline:
             time.sleep(0.05)
+        time.sleep(1.0)  # the rest of it (and the other children's, with --processes)
         dumps.append(f"\n--- {w.log.name} (pid {w.proc.pid}), its threads ---\n{w.output()[start:]}")
     return "".join(dumps)
 
@@ -118,14 +122,40 @@ def run_counts(kind="record"):
     return Counter(Run.objects.filter(kind=kind).values_list("payload", flat=True))
 
 
+def dump_shows(w, texts, count=1):
+    """Signal ``w`` with SIGUSR1 and wait for a dump that shows each of ``texts`` ``count``
+    times: the roles' threads start one after the other after the start-up line."""
+    start = len(w.output())
+    w.signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        dump = w.output()[start:]
+        if dump.count(DUMPED) >= count:
+            time.sleep(0.2)  # the rest of the dumps
+            return all(w.output()[start:].count(t) >= count for t in texts)
+        time.sleep(0.05)
+    return False
+
+
+ROLES = ("dispatcher.py", "completer.py", "keeper.py", "executor.py", "supervisor.py")
+
+
 def test_sigusr1_prints_every_threads_stack(tmp_path, started):
     w = WorkerProcess(tmp_path, "--workers", "2")
     started.append(w)
     w.started()
-    dump = thread_dumps()
-    for role in ("dispatcher.py", "completer.py", "keeper.py", "executor.py", "supervisor.py"):
-        assert role in dump, dump
+    wait_for(lambda: dump_shows(w, ROLES), 30, what=f"a dump of every role:\n{w.output()}")
     assert w.proc.poll() is None  # it goes on
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0
+
+
+def test_sigusr1_to_the_parent_of_processes_reaches_each_child(tmp_path, started):
+    w = WorkerProcess(tmp_path, "--processes", "2")
+    started.append(w)
+    wait_for(lambda: w.output().count(" starting: ") == 2, 30, what=f"two children:\n{w.output()}")
+    wait_for(lambda: dump_shows(w, ROLES, count=2), 30, what=f"two dumps:\n{w.output()}")
+    assert w.proc.poll() is None
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0
 

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 from django.core.checks import Tags
@@ -22,6 +23,9 @@ from django_rws_jobs.validation import queue_list
 # it with no graceful stop
 # (tests/test_worker.py::test_processes_option_shares_the_work_and_stops_cleanly).
 from django_rws_jobs.worker import Worker
+
+#: Seconds between the children's thread dumps (SIGUSR1 to the parent of --processes).
+DUMP_GAP = 0.5
 
 
 def _positive_int(value: str) -> int:
@@ -208,6 +212,19 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
+
+        def forward_one_by_one(signum: int, frame: Any) -> None:
+            """Each child prints its threads' stacks, one after the other: dumps written at once
+            to a shared stderr interleave line by line."""
+            for i, child_pid in enumerate(list(children)):
+                if i:
+                    time.sleep(DUMP_GAP)
+                try:
+                    os.kill(child_pid, signum)
+                except ProcessLookupError:
+                    pass
+
+        signal.signal(signal.SIGUSR1, forward_one_by_one)
         code = 0
         for child_pid in list(children):
             while True:
