@@ -7,6 +7,7 @@ no model, so the system checks can use it before the app registry is ready.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from .validation import CONCURRENCY_MAX, queue_name, show
@@ -16,6 +17,10 @@ PERIODS = {"s": 1, "m": 60, "h": 3600}
 MAX_CONCURRENCY = CONCURRENCY_MAX
 MAX_RATE = 1_000_000
 KEYS = ("concurrency", "rate_limit")
+#: A rate as written: ASCII digits, a slash, a unit; spaces around it only. Not str.isdigit,
+#: which takes superscripts and other scripts' digits that int() then refuses or reads
+#: (tests/test_limits.py::test_every_bad_rate_gets_the_usual_message).
+RATE = re.compile(r"\s*([0-9]+)/([smh])\s*", re.ASCII)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,13 +37,15 @@ def parse_rate(value: Any, name: str) -> tuple[int, int]:
     """``"N/s"``, ``"N/m"`` or ``"N/h"`` -> (N, window seconds); TypeError/ValueError naming the value."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str such as '100/m', got {type(value).__name__} {show(value)}")
-    count, _, unit = value.strip().partition("/")
-    if unit not in PERIODS or not count.isdigit():
+    match = RATE.fullmatch(value)
+    if match is None:
         raise ValueError(f"{name} is {show(value)}; it must be N/s, N/m or N/h, such as '100/m'")
-    n = int(count)
-    if not 1 <= n <= MAX_RATE:
+    count, unit = match.groups()
+    digits = count.lstrip("0")
+    # (int() refuses thousands of digits; more than MAX_RATE's are out of range anyway.)
+    if len(digits) > len(str(MAX_RATE)) or not 1 <= int(digits or "0") <= MAX_RATE:
         raise ValueError(f"{name} is {show(value)}; N must be in [1, {MAX_RATE}]")
-    return n, PERIODS[unit]
+    return int(digits), PERIODS[unit]
 
 
 def queues_dict(raw: Any) -> dict[Any, Any]:

@@ -59,6 +59,46 @@ def test_good_limits_pass_and_parse():
     assert parse_rate("20/s", "x") == (20, 1) and parse_rate("3/h", "x") == (3, 3600)
 
 
+SHAPE = "it must be N/s, N/m or N/h, such as '100/m'"
+RANGE = "N must be in [1, 1000000]"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("\u00b2/m", SHAPE),  # a superscript two: str.isdigit says yes, int() refuses it
+        ("\u0665/m", SHAPE),  # an Arabic-Indic five: int() reads it as 5
+        ("\uff15/s", SHAPE),  # a fullwidth five
+        ("+5/m", SHAPE),
+        ("-5/m", SHAPE),
+        (" 5 / m", SHAPE),
+        ("5 /m", SHAPE),
+        ("5/min", SHAPE),
+        ("5/M", SHAPE),
+        ("5", SHAPE),
+        ("/m", SHAPE),
+        ("", SHAPE),
+        ("5.0/s", SHAPE),
+        ("1_000/s", SHAPE),  # int() takes underscores
+        ("0/s", RANGE),
+        ("000/s", RANGE),
+        ("1000001/s", RANGE),
+        ("9" * 5000 + "/s", RANGE),  # int() refuses more than 4300 digits
+    ],
+)
+def test_every_bad_rate_gets_the_usual_message(value, message):
+    with pytest.raises(ValueError) as raised:
+        parse_rate(value, "RWS_JOBS['QUEUES']['q']['rate_limit']")
+    text = str(raised.value)
+    assert text.startswith("RWS_JOBS['QUEUES']['q']['rate_limit'] is '") and message in text, text
+
+
+def test_a_rate_may_have_leading_zeros_and_surrounding_spaces():
+    assert parse_rate(" 20/s ", "x") == (20, 1)
+    assert parse_rate("007/m", "x") == (7, 60)
+    assert parse_rate("1000000/h", "x") == (1_000_000, 3600)
+
+
 def enqueue_due(n, queue="solo", priority=0):
     return [rws.enqueue("test.record", str(i), queue=queue, priority=priority, run_at=None) for i in range(n)]
 
