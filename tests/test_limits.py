@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import django_rws_jobs as rws
+from django_rws_jobs import clock
 from django_rws_jobs.checks import check_settings
 from django_rws_jobs.limited_claims import claim_limited
 from django_rws_jobs.limits import QueueLimits, configured, parse_rate
@@ -127,6 +128,22 @@ def test_a_rate_limit_counts_the_claims_of_each_window():
     assert len(claim_limited(store, "solo", limits, "a#4", window + 61, window + 999, 10)[0]) == 1
     # Jobs held back by the rate were not charged and keep their due time.
     assert set(Job.objects.filter(status="pending").values_list("attempts", flat=True)) == {0}
+
+
+def test_a_claim_handed_an_earlier_now_does_not_start_the_count_again():
+    """A claim whose ``now`` was read before it waited for the queue's lock, or on a host whose
+    clock is behind, comes after a claim with a later one: it must not begin a fresh allowance,
+    nor make the next claim begin another."""
+    store = Store(connection)
+    enqueue_due(20)
+    Job.objects.update(next_run_at=0)  # due whatever ``now`` a claim is handed
+    limits = QueueLimits(rate=5, period=60)
+    now = int(clock.now())
+    took = [
+        len(claim_limited(store, "solo", limits, f"w#{i}", at, at + 999, 10)[0])
+        for i, at in enumerate((now, now - 60, now))
+    ]
+    assert took == [5, 0, 0]
 
 
 def test_a_limited_claim_takes_the_highest_priority_first_and_leaves_other_queues_alone():
