@@ -213,10 +213,12 @@ class Queue(models.Model):
     name = models.CharField(max_length=64, primary_key=True)
     paused = models.BooleanField(db_default=False, default=False)
     paused_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds: last paused"))
-    # A rate limit's bookkeeping (RWS_JOBS["QUEUES"]): the current window's start and the jobs
-    # claimed in it, written by the claims of the queue under its row's lock (Store.claim_limited).
-    window_start = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds"))
-    window_claims = models.IntegerField(db_default=0, default=0)
+    # A rate limit's log (RWS_JOBS["QUEUES"]): the queue's last starts, a ring of QueueStart rows
+    # with slots 0 to rate_slots - 1, in the order they were written from rate_next (the oldest,
+    # the next to write) round; written by the claims of the queue under its row's lock
+    # (limited_claims.py).
+    rate_slots = models.IntegerField(db_default=0, default=0, help_text=_("the rate log's size"))
+    rate_next = models.IntegerField(db_default=0, default=0, help_text=_("the rate log's next slot"))
 
     class Meta:
         db_table = "rws_queues"
@@ -227,6 +229,24 @@ class Queue(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class QueueStart(models.Model):
+    """One row of ``rws_queue_starts``: one start in the log of a queue's rate limit, the time a
+    claim of the queue took a job, by the queue's clock. A queue's rows are a ring written in the
+    order of time (limited_claims.py); a slot is written the first time it is used, so a large
+    limit costs rows only as jobs start."""
+
+    pk = models.CompositePrimaryKey("queue", "slot")
+    queue = models.CharField(max_length=64)
+    slot = models.IntegerField()
+    started_us = models.BigIntegerField(help_text=_("unix microseconds"))
+
+    class Meta:
+        db_table = "rws_queue_starts"
+        verbose_name = _("queue start")
+        verbose_name_plural = _("queue starts")
+        default_permissions = ()
 
 
 class TaskResultRecord(models.Model):

@@ -657,12 +657,18 @@ def test_a_due_jobs_page_says_why_it_waits(admin_client, settings):
     make_job("free-due", due=t - 5, queue="free")
     assert "rws-waits-for" not in page("free-due")  # under its limit: the next claim takes it
 
-    from django_rws_jobs.models import Queue
+    from django_rws_jobs.models import Queue, QueueStart
 
     make_job("pay-due", due=t - 5, queue="pay")
     assert "rws-waits-for" not in page("pay-due")
-    Queue.objects.create(name="pay", window_start=t - t % 3600, window_claims=2)
-    assert "its queue pay started 2 jobs in this window, its rate limit of 2/h" in page("pay-due")
+    Queue.objects.create(name="pay", rate_slots=2, rate_next=0)  # two starts a minute ago
+    QueueStart.objects.bulk_create(
+        [QueueStart(queue="pay", slot=s, started_us=(t - 60) * 10**6) for s in (0, 1)]
+    )
+    assert (
+        "its queue pay started 2 jobs in the last hour, its rate limit of 2/h. It starts from "
+        f"{absolute(t + 3540)}"
+    ) in page("pay-due")
 
 
 def test_overview_shows_limits_and_jobs_waiting_for_their_key(admin_client, settings):

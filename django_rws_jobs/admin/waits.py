@@ -4,15 +4,21 @@ or its concurrency key at its limit. What the job page's "Why it waits" box says
 
 from __future__ import annotations
 
+import math
+
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from .. import humanize
+from ..limited_claims import next_start
 from ..limits import PERIODS, QueueLimits, configured
-from ..models import Job, Queue, Status
+from ..models import Job, Status
 from ..queues import paused_queues
 
-#: A rate limit's window as its unit: 1 -> "s" (limits.PERIODS read backwards).
+#: A rate limit's period as its unit: 1 -> "s" (limits.PERIODS read backwards).
 UNITS = {seconds: unit for unit, seconds in PERIODS.items()}
+#: A rate limit's period in words, as the job page says it.
+PERIOD_WORDS = {1: gettext_lazy("second"), 60: gettext_lazy("minute"), 3600: gettext_lazy("hour")}
 
 
 def rate_text(limits: QueueLimits) -> str:
@@ -90,15 +96,18 @@ def _queue_waits(job: Job, limits: QueueLimits, at: int, alias: str) -> str | No
                 % values
             )
     if limits.rate is not None:
-        window = at - at % limits.period
-        row = Queue.objects.using(alias).filter(name=job.queue).values_list("window_start", "window_claims")
-        started = next((n for start, n in row if start == window), 0)
-        if started >= limits.rate:
-            values.update(n=started, rate=rate_text(limits), next=humanize.absolute(window + limits.period))
+        frees = next_start(alias, job.queue, limits, at)
+        if frees is not None:
+            values.update(
+                n=limits.rate,
+                period=PERIOD_WORDS[limits.period],
+                rate=rate_text(limits),
+                next=humanize.absolute(math.ceil(frees)),
+            )
             return (
                 _(
-                    "Due, and waiting: its queue %(q)s started %(n)d jobs in this window, its rate "
-                    "limit of %(rate)s. It starts in the next window, from %(next)s."
+                    "Due, and waiting: its queue %(q)s started %(n)d jobs in the last %(period)s, its "
+                    "rate limit of %(rate)s. It starts from %(next)s."
                 )
                 % values
             )
