@@ -114,7 +114,13 @@ def thread_dumps() -> str:
         while DUMPED not in w.output()[start:] and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)  # the rest of it (and the other children's, with --processes)
-        dumps.append(f"\n--- {w.log.name} (pid {w.proc.pid}), its threads ---\n{w.output()[start:]}")
+        # The log as it is now (a ``what`` built when the wait began shows it as it was then),
+        # then the dump.
+        log = "\n".join(w.output()[:start].splitlines()[-150:])
+        dumps.append(
+            f"\n--- {w.log.name} (pid {w.proc.pid}): its log at the timeout ---\n{log}"
+            f"\n--- its threads ---\n{w.output()[start:]}"
+        )
     return "".join(dumps)
 
 
