@@ -18,7 +18,7 @@ from .cancellation import send_cancelled
 from .concurrency_keys import keys_of, promote
 from .conf import jobs_settings
 from .db import is_registered, is_transient, thread_connected
-from .exceptions import CANCELLED, cancel_message
+from .exceptions import cancel_message
 from .registry import registry
 from .signals import job_dead
 from .store import Claimed, Store
@@ -151,15 +151,26 @@ def _close_old_connections() -> None:
         close_old_connections()
 
 
+class Cancelled(str):
+    """An executor's outcome for a run that it stopped because a cancel was requested: the text
+    that last_error records. ``record`` ends a job cancelled for this type of outcome, or for any
+    failure once the row carries a request, never for an error's text: a handler's own exception
+    that reads ``JobCancelled: ...`` is a failure like any other
+    (tests/test_cancel.py::test_an_error_named_job_cancelled_without_a_request_is_an_ordinary_failure)."""
+
+    __slots__ = ()
+
+
 def record(store: Store, job: Claimed, error: Any, tb: str | None, expired_before: int | None = None) -> str:
-    """Write the outcome, fenced on the claim; return what happened ('done', 'retry', 'dead', 'lost').
+    """Write the outcome, fenced on the claim; return what happened ('done', 'retry', 'dead',
+    'cancelled', 'lost').
 
     A row runner's row (a django.tasks row) is recorded by its runner, a failure and recovery's
     error text included (tests/test_tasks_worker.py)."""
-    if isinstance(error, str) and error.startswith(CANCELLED):  # its handler was stopped: cancelled
-        return (
-            "cancelled" if record_cancel(store, job, error, tb, expired_before) else _lost(job, "cancelled")
-        )
+    if isinstance(error, Cancelled):
+        if record_cancel(store, job, error, tb, expired_before):
+            return "cancelled"
+        error = str(error)  # the row carries no request (or the claim is gone): what it is, a failure
     if error is not None:
         rows = registry.row_runner(job.job_type)
         if rows is not None:

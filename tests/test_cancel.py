@@ -10,6 +10,7 @@ from django.db import connection
 from django.urls import reverse
 
 import django_rws_jobs as rws
+import tests.cancel_handlers  # noqa: F401  (registers the handlers of the tick() tests)
 from django_rws_jobs.cancellation import prune_cancelled
 from django_rws_jobs.models import Job
 from django_rws_jobs.runner import WORKER_LOST, record, recover
@@ -142,6 +143,21 @@ def test_the_jobs_list_cancels_the_selected_jobs_with_its_permission(client, dja
     assert "admin:ops" in page
 
 
+# -- what decides a cancel ---------------------------------------------------------------------------
+
+
+def test_an_error_named_job_cancelled_without_a_request_is_an_ordinary_failure():
+    """An application's own ``JobCancelled(Exception)``, and ours raised by a handler that nobody
+    asked to stop, are failures: retried, not left running until their lease expires."""
+    apps = rws.enqueue("cancel.apps_own_error", "mine", max_retries=1)
+    ours = rws.enqueue("cancel.raises_ours", "by hand", max_retries=1)
+    assert rws.tick()
+    with pytest.raises(rws.JobCancelled):  # a BaseException: recorded, then raised as SystemExit is
+        rws.tick()
+    got = {j.id: (j.status, j.attempts, j.last_error) for j in Job.objects.all()}
+    assert got == {apps: ("pending", 1, "JobCancelled: mine"), ours: ("pending", 1, "JobCancelled: by hand")}
+
+
 # -- real workers ------------------------------------------------------------------------------------
 
 FAST = {"POLL_INTERVAL": 0.1, "BACKOFF_INITIAL": 0.1, "TIMEOUT_GRACE": 1}
@@ -212,3 +228,20 @@ def test_a_cancel_racing_a_lease_take_over_ends_the_job_once(tmp_path, started):
     assert (job.status, job.cancelled_by, job.attempts) == ("cancelled", "race", 0)
     assert Run.objects.filter(kind="start", payload="3").count() == 1
     assert "dropped" in holder.output()
+
+
+#: Worker processes that know tests/cancel_handlers.py's handlers.
+CANCEL_HANDLERS = {"DJANGO_SETTINGS_MODULE": "tests.settings_cancel"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool", ["threads", "processes"])
+def test_a_worker_records_an_unasked_job_cancelled_error_as_a_failure(tmp_path, started, pool):
+    """Each pool: the dead-letter list at once (no retries left), not running until the lease ends."""
+    w = WorkerProcess(tmp_path, "--pool", pool, jobs=FAST, env=CANCEL_HANDLERS)
+    started.append(w)
+    apps = rws.enqueue("cancel.apps_own_error", "mine", max_retries=0)
+    ours = rws.enqueue("cancel.raises_ours", "by hand", max_retries=0)
+    wait_for(lambda: Job.objects.filter(status="failed").count() == 2, 20, what=w.output())
+    got = {j.id: (j.status, j.attempts, j.last_error) for j in Job.objects.all()}
+    assert got == {apps: ("failed", 1, "JobCancelled: mine"), ours: ("failed", 1, "JobCancelled: by hand")}

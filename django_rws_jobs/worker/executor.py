@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import traceback
@@ -10,10 +11,12 @@ from django.db import connections
 
 from ..conf import jobs_settings
 from ..exceptions import JobCancelled, cancel_message
-from ..runner import TRACEBACK_MAX, describe, execute, storable
+from ..runner import TRACEBACK_MAX, Cancelled, describe, execute, storable
 from ..store import Claimed
 from .shared import Shared
 from .timeouts import Watchdog, async_raise, timeout_for
+
+logger = logging.getLogger("django_rws_jobs")
 
 
 class Executor:
@@ -59,7 +62,9 @@ class Executor:
     def execute(self, job: Claimed) -> tuple[bool, str | None, str | None]:
         """Run ``job``: (abandoned, error, traceback). From the moment ``running`` is set, a
         JobCancelled may arrive at any bytecode of this frame: everything after it is inside the
-        try whose handler records it, and _stop_cancels drops one raised but not delivered."""
+        try whose handler records it, and _stop_cancels drops one raised but not delivered. A
+        JobCancelled that this executor did not raise (the handler's own, with no cancel asked)
+        is a failure like any other."""
         try:
             try:
                 with self.cancel_lock:
@@ -67,10 +72,13 @@ class Executor:
                 return self._run(job)
             finally:
                 self._stop_cancels()
-        except JobCancelled:
+        except JobCancelled as exc:
             self._stop_cancels()
             tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
-            return False, cancel_message(None, running=True), tb
+            if self.cancel_raised:
+                return False, Cancelled(cancel_message(None, running=True)), tb
+            logger.error("job %s (%s) failed: its handler raised %s", job.id, job.job_type, describe(exc))
+            return False, describe(exc), tb
 
     def _stop_cancels(self) -> None:
         with self.cancel_lock:

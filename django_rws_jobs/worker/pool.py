@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 from ..conf import jobs_settings
 from ..exceptions import cancel_message, timeout_message
+from ..runner import Cancelled
 from ..store import Claimed
 from ..validation import INT32_MAX, INT64_MAX, integer
 from .child import Child, ChildDied
@@ -177,7 +178,7 @@ class ProcessExecutor(Executor):
                 if self.child is not None:
                     self._drop(self.child, kill=True)
                 if error is not None:
-                    return False, cancel_message(None, running=True), None
+                    return False, Cancelled(cancel_message(None, running=True)), None
             return abandoned, error, tb
         finally:
             took = time.monotonic() - started
