@@ -1,13 +1,13 @@
 """Cancelling jobs: ``cancel(job_id)``.
 
 A pending or waiting job becomes ``cancelled`` at once, in one statement, and no claim reads it
-again. A running job is asked: ``cancel_requested_at`` is set on its row, and the worker that
-holds it sees the request (worker/cancels.py) and stops the handler; whatever then ends the
-claim (the stopped handler, a failure, a hand-back, recovery of an expired lease) writes
-``cancelled`` instead of putting the job back, because every statement that puts a held job back
-applies only while no cancel was requested (Store.fenced's ``cancel_requested``), and
-Store.cancel_running applies only when one was. A handler that succeeds first deletes its row as
-always: the job stays done. Pinned by tests/test_cancel.py.
+again. A running job is asked: ``cancel_requested_at`` is set on its row and its unique key freed
+in the same statement, and the worker that holds it sees the request (worker/cancels.py) and
+stops the handler; whatever then ends the claim (the stopped handler, a failure, a hand-back,
+recovery of an expired lease) writes ``cancelled`` instead of putting the job back, because every
+statement that puts a held job back applies only while no cancel was requested (Store.fenced's
+``cancel_requested``), and Store.cancel_running applies only when one was. A handler that
+succeeds first deletes its row as always: the job stays done. Pinned by tests/test_cancel.py.
 """
 
 from __future__ import annotations
@@ -62,8 +62,11 @@ def cancel(job_id: str, *, by: str | None = None, using: str | None = None) -> b
             key = job.concurrency_key if job.concurrency_slot is not None else None
             transaction.on_commit(lambda: _after_cancel(job, key, alias), using=alias)
             return True
+        # The request frees the job's unique key at once: the next enqueue of the key makes a new
+        # job, which runs, whatever the stopping one still does
+        # (tests/test_cancel.py::test_a_cancel_request_frees_the_unique_key_of_a_running_job).
         asked = jobs.filter(status=Status.RUNNING, cancel_requested_at__isnull=True).update(
-            cancel_requested_at=now, cancelled_by=by
+            cancel_requested_at=now, cancelled_by=by, unique_hash=None
         )
         return bool(asked) or jobs.filter(status=Status.RUNNING).exists()
 

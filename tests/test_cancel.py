@@ -158,6 +158,34 @@ def test_an_error_named_job_cancelled_without_a_request_is_an_ordinary_failure()
     assert got == {apps: ("pending", 1, "JobCancelled: mine"), ours: ("pending", 1, "JobCancelled: by hand")}
 
 
+def test_a_cancel_request_frees_the_unique_key_of_a_running_job(cancelled_signals):
+    """The next enqueue of the key makes a new job, which runs; the cancelled one ends cancelled."""
+    store = Store(connection)
+    old = rws.enqueue("test.record", "old", unique="report:7")
+    [held] = claim(store)
+    assert rws.cancel(old)  # running: asked
+    assert Job.objects.get(id=old).unique_hash is None
+    new = rws.enqueue("test.record", "new", unique="report:7")
+    assert new != old
+    assert rws.enqueue("test.record", "again", unique="report:7") == new  # the key is the new job's
+    assert record(store, held, "ValueError: stopped", None) == "cancelled"
+    assert cancelled_signals == [(old, "cancelled")]
+    assert not rws.retry(old)  # the new job holds the key
+    assert rws.tick() and not rws.tick()
+    assert list(Run.objects.values_list("payload", flat=True)) == ["new"]
+    assert list(Job.objects.values_list("id", "status")) == [(old, "cancelled")]
+
+
+def test_a_cancel_request_frees_the_key_of_a_running_unique_task():
+    tasks = pytest.importorskip("tests.testapp.tasks")
+    store = Store(connection)
+    old = tasks.unique.enqueue("k")
+    [held] = claim(store)
+    assert held.id == old.id and rws.cancel(old.id)
+    new = tasks.unique.enqueue("k")
+    assert new.id != old.id and tasks.unique.enqueue("k").id == new.id
+
+
 # -- real workers ------------------------------------------------------------------------------------
 
 FAST = {"POLL_INTERVAL": 0.1, "BACKOFF_INITIAL": 0.1, "TIMEOUT_GRACE": 1}
