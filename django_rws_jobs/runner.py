@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -109,19 +110,56 @@ def _name(obj: Any) -> str:
     return getattr(obj, "__qualname__", None) or type(obj).__name__
 
 
+class Watch:
+    """What the executor that runs jobs in a thread learns of each job's handler: ``outcome`` is
+    None until the handler has returned, then the run's (error, traceback).
+
+    ``execute`` sets it by a plain attribute store right after the handler returns. CPython looks
+    for an asynchronous exception (the thread pool's JobCancelled) and runs signal handlers (the
+    process pool child's SIGTERM) at calls and backward jumps, not at a return, so neither lands
+    between the return and the store; one that lands later finds the outcome set, and the
+    executor keeps that outcome: a handler that finished stays done
+    (tests/test_cancel.py::test_a_cancel_that_reaches_a_handler_after_it_returned_leaves_it_done).
+    A handler that returns a value (checked by call_handler) counts as returned once it passed.
+    """
+
+    __slots__ = ("outcome",)
+
+    def __init__(self) -> None:
+        self.outcome: tuple[Any, str | None] | None = None
+
+
+#: A handler's success, as Watch.outcome and execute return it.
+SUCCEEDED: tuple[Any, str | None] = (None, None)
+
+_watches = threading.local()
+
+
+def watch(handlers: Watch | None) -> None:
+    """Make ``handlers`` the Watch of the jobs that ``execute`` runs in the calling thread."""
+    _watches.current = handlers
+
+
 def execute(job: Claimed) -> tuple[Any, str | None]:
     """Call the job's handler outside any transaction; return (error, traceback) or (None, None).
 
     A row no handler serves but a row runner does (a django.tasks row) returns that runner's
-    outcome as its error, which ``record`` hands back to the runner."""
+    outcome as its error, which ``record`` hands back to the runner. The thread's Watch (if any)
+    gets the outcome as soon as the handler has returned."""
+    handlers: Watch | None = getattr(_watches, "current", None)
     spec = registry.get(job.job_type)
     if spec is None:
         rows = registry.row_runner(job.job_type)
         if rows is not None:
-            return rows.run(job), None
+            outcome = rows.run(job)
+            if handlers is not None:
+                handlers.outcome = (outcome, None)
+            return outcome, None
         return f"no handler registered for job_type '{job.job_type}'", None
     try:
         call_handler(spec.func, job.payload, spec.is_async)
+        if handlers is not None:
+            handlers.outcome = SUCCEEDED
     except Exception as exc:
         tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
         logger.error(
@@ -137,7 +175,7 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
         return describe(exc), tb
     finally:
         _close_old_connections()
-    return None, None
+    return SUCCEEDED
 
 
 def _close_old_connections() -> None:

@@ -1,8 +1,11 @@
 """Handlers of tests/test_cancel.py that worker processes run too: tests/settings_cancel.py imports
 this module, and the tests import it for tick(). Like tests/testapp/jobs.py, they leave their
-traces in the database so that other processes see them."""
+traces in the database (or in files) so that other processes see them."""
 
 import os
+import sys
+import time
+from pathlib import Path
 
 from django_rws_jobs import JobCancelled as RwsJobCancelled
 from django_rws_jobs import job
@@ -31,3 +34,27 @@ def raises_ours(payload: str) -> None:
     """Raises django_rws_jobs.JobCancelled itself, with no cancel requested."""
     _trace("raises_ours", payload)
     raise RwsJobCancelled(payload)
+
+
+@job("cancel.linger_after_return")
+def linger_after_return(payload: str) -> None:
+    """Returns at once, having done its work, then holds its thread at the first Python call the
+    worker makes after the return (its clean-up) until the file ``go`` appears in the directory
+    ``payload``; it creates ``returned`` there once it is held. A profile function does the
+    holding: it runs after the handler's frame is gone, so what interrupts it there interrupts
+    the worker's clean-up, not the handler."""
+    directory = Path(payload)
+    _trace("done", payload)
+    returned = False
+
+    def hold(frame, event, arg):
+        nonlocal returned
+        if event == "return" and not returned:
+            returned = True  # this handler's own return: the first one after setprofile
+        elif event == "call" and returned:
+            sys.setprofile(None)
+            (directory / "returned").touch()
+            while not (directory / "go").exists():
+                time.sleep(0.01)
+
+    sys.setprofile(hold)

@@ -273,3 +273,22 @@ def test_a_worker_records_an_unasked_job_cancelled_error_as_a_failure(tmp_path, 
     wait_for(lambda: Job.objects.filter(status="failed").count() == 2, 20, what=w.output())
     got = {j.id: (j.status, j.attempts, j.last_error) for j in Job.objects.all()}
     assert got == {apps: ("failed", 1, "JobCancelled: mine"), ours: ("failed", 1, "JobCancelled: by hand")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool", ["threads"])
+def test_a_cancel_that_reaches_a_handler_after_it_returned_leaves_it_done(tmp_path, started, pool):
+    """The handler has returned and the worker's clean-up is held (tests/cancel_handlers.py) when
+    the watcher acts on the request: the thread pool does not raise JobCancelled in the clean-up.
+    The job is done."""
+    w = WorkerProcess(tmp_path, "--pool", pool, jobs=FAST, env={**CANCEL_HANDLERS, "RWS_LOG_LEVEL": "INFO"})
+    started.append(w)
+    job_id = rws.enqueue("cancel.linger_after_return", str(tmp_path))
+    wait_for(lambda: (tmp_path / "returned").exists(), 30, what=w.output())
+    assert rws.cancel(job_id)
+    acted = f"job {job_id} (cancel.linger_after_return): cancel requested"
+    wait_for(lambda: acted in w.output(), 10, what=w.output())
+    (tmp_path / "go").touch()
+    wait_for(lambda: not Job.objects.filter(id=job_id, status="running").exists(), 20, what=w.output())
+    assert list(Job.objects.values_list("status", "last_error")) == [], w.output()
+    assert Run.objects.filter(kind="done").count() == 1

@@ -4,7 +4,8 @@ Every CHECK_INTERVAL it asks, by primary key, which of the jobs this worker has 
 least CHECK_INTERVAL carry ``cancel_requested_at`` (jobs that end sooner are not asked about: a
 request rarely beats them, and one that does finds the job done or ends it when it is recorded).
 Each one found is stopped by the executor running it: the thread pool raises JobCancelled in the
-handler's thread, the process pool terminates the child (SIGTERM, SIGKILL after TIMEOUT_GRACE).
+handler's thread (unless the handler has returned: it stays done), the process pool terminates
+the child (SIGTERM, SIGKILL after TIMEOUT_GRACE).
 So a running job stops within about two intervals of the request
 (tests/test_cancel.py::test_cancelling_a_running_job_stops_its_handler).
 """
@@ -19,6 +20,7 @@ from django.db import Error as DatabaseError
 
 from ..reconnect import Connection, Retry
 from ..store import Claimed
+from .executor import STOPPING
 from .shared import Shared
 
 logger = logging.getLogger("django_rws_jobs")
@@ -76,7 +78,9 @@ class CancelWatcher:
 
     def _stop(self, job: Claimed) -> None:
         for executor in list(self.shared.executors.values()):
-            if executor.cancel(job):
+            done = executor.cancel(job)
+            if done is not None:
                 self.stopped.add((job.token, job.id))
-                logger.warning("job %s (%s): cancel requested; stopping its handler", job.id, job.job_type)
+                level = logging.WARNING if done == STOPPING else logging.INFO
+                logger.log(level, "job %s (%s): cancel requested; %s", job.id, job.job_type, done)
                 return

@@ -11,12 +11,25 @@ from django.db import connections
 
 from ..conf import jobs_settings
 from ..exceptions import JobCancelled, cancel_message
-from ..runner import TRACEBACK_MAX, Cancelled, describe, execute, storable
+from ..runner import (
+    TRACEBACK_MAX,
+    Cancelled,
+    Watch,
+    _close_old_connections,
+    describe,
+    execute,
+    storable,
+    watch,
+)
 from ..store import Claimed
 from .shared import Shared
 from .timeouts import Watchdog, async_raise, timeout_for
 
 logger = logging.getLogger("django_rws_jobs")
+
+#: What an executor's ``cancel`` did, for the cancel watcher's log.
+STOPPING = "stopping its handler"
+RETURNED_FIRST = "its handler had returned: it stays done"
 
 
 class Executor:
@@ -38,9 +51,11 @@ class Executor:
         self.running: Claimed | None = None
         self.ident = 0
         self.cancel_raised = False
+        self.handlers = Watch()  # whether the running job's handler has returned (runner.Watch)
 
     def loop(self) -> None:
         ident = threading.get_ident()
+        watch(self.handlers)
         self.shared.executors[ident] = self
         try:
             while self.run_once():
@@ -49,31 +64,41 @@ class Executor:
             self.shared.executors.pop(ident, None)
             connections.close_all()
 
-    def cancel(self, job: Claimed) -> bool:
+    def cancel(self, job: Claimed) -> str | None:
         """Stop ``job``'s handler if this executor runs it now: JobCancelled raised in its thread
-        at its next bytecode (a blocking C call is not interrupted; see README)."""
+        at its next bytecode (a blocking C call is not interrupted; see README). Nothing once the
+        handler has returned: it stays done. Returns what it did (STOPPING, RETURNED_FIRST), or
+        None when this executor does not run ``job``."""
         with self.cancel_lock:
             if self.running is not job:
-                return False
-            self.cancel_raised = True
-            async_raise(self.ident, JobCancelled)
-            return True
+                return None
+            if self.handlers.outcome is not None:
+                return RETURNED_FIRST
+            if not self.cancel_raised:
+                self.cancel_raised = True
+                async_raise(self.ident, JobCancelled)
+            return STOPPING
 
     def execute(self, job: Claimed) -> tuple[bool, str | None, str | None]:
         """Run ``job``: (abandoned, error, traceback). From the moment ``running`` is set, a
         JobCancelled may arrive at any bytecode of this frame: everything after it is inside the
-        try whose handler records it, and _stop_cancels drops one raised but not delivered. A
-        JobCancelled that this executor did not raise (the handler's own, with no cancel asked)
-        is a failure like any other."""
+        try whose handler records it, and _stop_cancels drops one raised but not delivered. One
+        that lands after the handler returned (raised just before) leaves the handler's outcome
+        as it was (runner.Watch). A JobCancelled that this executor did not raise (the
+        handler's own, with no cancel asked) is a failure like any other."""
         try:
             try:
                 with self.cancel_lock:
                     self.running, self.ident, self.cancel_raised = job, threading.get_ident(), False
+                    self.handlers.outcome = None
                 return self._run(job)
             finally:
                 self._stop_cancels()
         except JobCancelled as exc:
             self._stop_cancels()
+            if self.handlers.outcome is not None:
+                _close_old_connections()  # the clean-up it cut short
+                return (False, *self.handlers.outcome)
             tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
             if self.cancel_raised:
                 return False, Cancelled(cancel_message(None, running=True)), tb

@@ -23,7 +23,7 @@ from ..runner import Cancelled
 from ..store import Claimed
 from ..validation import INT32_MAX, INT64_MAX, integer
 from .child import Child, ChildDied
-from .executor import Executor
+from .executor import STOPPING, Executor
 from .shared import Shared
 from .timeouts import timeout_for
 
@@ -149,20 +149,20 @@ class ProcessExecutor(Executor):
         child.send(job)
         return child
 
-    def cancel(self, job: Claimed) -> bool:
+    def cancel(self, job: Claimed) -> str | None:
         """Stop ``job`` if this executor's child runs it: SIGTERM (SystemExit in the handler), then
         SIGKILL after TIMEOUT_GRACE; the job is recorded cancelled unless it succeeded first."""
         with self.cancel_lock:
             child = self.child
             if self.running is not job or child is None:
-                return False
+                return None
             self.cancel_raised = True
         # Not in this (the watcher's) thread: the grace may be seconds. Its executor sees the
         # child die (ChildDied) or answer its SystemExit.
         threading.Thread(
             target=child.kill, args=(self.pool.grace,), kwargs={"close": False}, daemon=True
         ).start()
-        return True
+        return STOPPING
 
     def execute(self, job: Claimed) -> tuple[bool, str | None, str | None]:
         started = time.monotonic()
