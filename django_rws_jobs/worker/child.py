@@ -10,13 +10,17 @@ The parent sends one job at a time over a pipe; the child answers with its outco
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import io
 import multiprocessing
 import operator
 import os
 import pickle
 import resource
 import signal
+import sys
 import traceback
+import types
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -29,8 +33,36 @@ astuple = operator.attrgetter(*(f.name for f in dataclasses.fields(Claimed)))
 
 def send(conn: Connection, value: Any) -> None:
     """Send ``value`` pickled by the C pickler: Connection.send builds a ForkingPickler (a Python
-    class, for sockets and other handles, which jobs and answers never hold) at every call."""
-    conn.send_bytes(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+    class, for sockets and other handles, which jobs and answers never hold) at every call. What
+    the plain pickler refuses is pickled again by TaskPickler."""
+    try:
+        data = pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+    except pickle.PicklingError:
+        buffer = io.BytesIO()
+        TaskPickler(buffer, pickle.HIGHEST_PROTOCOL).dump(value)
+        data = buffer.getvalue()
+    conn.send_bytes(data)
+
+
+class TaskPickler(pickle.Pickler):
+    """Pickles a django.tasks task's function by the name of its Task. A task's outcome holds its
+    TaskResult, whose task holds the function; pickle names a function by its module and
+    qualified name, which name the Task that wraps it, so the plain pickler refuses it and the
+    child could answer no task's outcome
+    (tests/test_pool_task_outcomes.py::test_a_task_in_a_child_process_ends_as_it_returned)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.FunctionType):
+            module, name = obj.__module__, obj.__qualname__
+            named = getattr(sys.modules.get(module), name, None)
+            if named is not obj and getattr(named, "func", None) is obj:
+                return task_function, (module, name)
+        return NotImplemented
+
+
+def task_function(module: str, name: str) -> Any:
+    """The function of the task named ``name`` in ``module`` (TaskPickler)."""
+    return getattr(importlib.import_module(module), name).func
 
 
 def receive(conn: Connection) -> Any:
