@@ -19,6 +19,11 @@ from django_rws_jobs.store import Store
 from tests.test_worker import WorkerProcess, wait_for
 from tests.testapp.models import Run
 
+try:
+    from tests.testapp.tasks import _trace, task
+except ImportError:  # no django.tasks: the tests of tasks skip
+    task = None
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 T = 2_000_000_000
@@ -276,12 +281,18 @@ def test_a_worker_records_an_unasked_job_cancelled_error_as_a_failure(tmp_path, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pool", ["threads"])
+@pytest.mark.parametrize("pool", ["threads", "processes"])
 def test_a_cancel_that_reaches_a_handler_after_it_returned_leaves_it_done(tmp_path, started, pool):
     """The handler has returned and the worker's clean-up is held (tests/cancel_handlers.py) when
-    the watcher acts on the request: the thread pool does not raise JobCancelled in the clean-up.
-    The job is done."""
-    w = WorkerProcess(tmp_path, "--pool", pool, jobs=FAST, env={**CANCEL_HANDLERS, "RWS_LOG_LEVEL": "INFO"})
+    the watcher acts on the request: the thread pool does not raise JobCancelled in the clean-up,
+    the process pool's child answers before it obeys the SIGTERM. The job is done."""
+    w = WorkerProcess(
+        tmp_path,
+        "--pool",
+        pool,
+        jobs={**FAST, "TIMEOUT_GRACE": 60},  # no SIGKILL while the child finishes
+        env={**CANCEL_HANDLERS, "RWS_LOG_LEVEL": "INFO"},
+    )
     started.append(w)
     job_id = rws.enqueue("cancel.linger_after_return", str(tmp_path))
     wait_for(lambda: (tmp_path / "returned").exists(), 30, what=w.output())
@@ -292,3 +303,35 @@ def test_a_cancel_that_reaches_a_handler_after_it_returned_leaves_it_done(tmp_pa
     wait_for(lambda: not Job.objects.filter(id=job_id, status="running").exists(), 20, what=w.output())
     assert list(Job.objects.values_list("status", "last_error")) == [], w.output()
     assert Run.objects.filter(kind="done").count() == 1
+
+
+if task is not None:
+
+    @task
+    def outlive_the_cancel() -> str:
+        """Catches the SystemExit of its cancel's SIGTERM (process pool) and returns."""
+        _trace("task-start", "outlive")
+        try:
+            while True:
+                time.sleep(0.02)
+        except SystemExit:
+            _trace("task-caught", "outlive")
+        return "survived"
+
+
+@pytest.mark.slow
+def test_a_task_that_succeeds_after_its_cancels_sigterm_reads_successful(tmp_path, started):
+    """The child answers a success for a job whose cancel's SIGTERM was sent, as when the task
+    returns just before the signal; here it returns after catching the signal's SystemExit, so
+    that the order is certain. The result is the success."""
+    compat = pytest.importorskip("django_rws_jobs.tasks.compat")
+    w = WorkerProcess(tmp_path, "--pool", "processes", jobs=FAST)
+    started.append(w)
+    result = outlive_the_cancel.enqueue()
+    wait_started("outlive", "task-start")
+    assert rws.cancel(result.id)
+    wait_for(lambda: not Job.objects.filter(id=result.id, status="running").exists(), 20, what=w.output())
+    got = outlive_the_cancel.get_result(result.id)
+    assert got.status == compat.TaskResultStatus.SUCCESSFUL, (got.errors, w.output())
+    assert got.return_value == "survived"
+    assert Run.objects.filter(kind="task-caught").exists()

@@ -24,6 +24,7 @@ import types
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..runner import Watch
 from ..store import Claimed
 
 #: A job's fields in order, to send it as a tuple (a tuple of plain values pickles faster than
@@ -152,7 +153,26 @@ class Child:
             self.conn.close()
 
 
+class _Running:
+    """The job this child runs, as its SIGTERM handler sees it."""
+
+    def __init__(self) -> None:
+        self.handlers = Watch()  # whether the job's handler has returned (runner.Watch)
+        self.job = False  # a job runs: from its receipt to its answer's sending
+        self.terminate: int | None = None  # a SIGTERM that came once the handler had returned
+
+
+_running = _Running()
+
+
 def _terminate(signum: int, frame: Any) -> None:
+    """SystemExit in the handler (a cancel, a time limit, the worker's stop). Once the handler
+    has returned, the child sends the job's outcome first, then exits: a job that finished is
+    recorded as it ended
+    (tests/test_cancel.py::test_a_cancel_that_reaches_a_handler_after_it_returned_leaves_it_done)."""
+    if _running.job and _running.handlers.outcome is not None:
+        _running.terminate = signum
+        return
     raise SystemExit(128 + signum)
 
 
@@ -163,18 +183,24 @@ def serve(conn: Connection) -> None:
     signal.signal(signal.SIGTERM, _terminate)
     from django.db import connections  # (Django is set up: the fork server imported preload.py)
 
-    from ..runner import describe, execute
+    from ..runner import describe, execute, watch
 
+    watch(_running.handlers)
     code = 0
     try:
         while (fields := receive(conn)) is not None:
             job = Claimed(*fields)
+            _running.handlers.outcome = None
+            _running.job = True
             try:
                 error, tb = execute(job)
             except BaseException as exc:  # SystemExit and the like: a failure; then this child ends
                 send(conn, (describe(exc), traceback.format_exc(), _peak_mb(), True))
                 raise
             send(conn, (error, tb, _peak_mb(), False))
+            _running.job = False
+            if _running.terminate is not None:
+                raise SystemExit(128 + _running.terminate)
     except EOFError:
         pass  # the worker is gone
     except BaseException:

@@ -95,6 +95,15 @@ class Pool:
                 pass
 
 
+def failed(outcome: object) -> bool:
+    """Whether a child's answer is a failure: an error text, or a row runner's outcome that
+    carries an error (a task's outcome is an object also when the task succeeded)
+    (tests/test_cancel.py::test_a_task_that_succeeds_after_its_cancels_sigterm_reads_successful)."""
+    if outcome is None or isinstance(outcome, str):
+        return outcome is not None
+    return getattr(outcome, "error", None) is not None
+
+
 def make_pool(kind: str, max_jobs: int | None, max_memory_mb: int | None) -> Pool | None:
     """The process pool's settings (None for the thread pool), or ValueError naming what is wrong."""
     if kind not in ("threads", "processes"):
@@ -177,7 +186,7 @@ class ProcessExecutor(Executor):
                 # first: a child reused for the next job would take it for that job's.
                 if self.child is not None:
                     self._drop(self.child, kill=True)
-                if error is not None:
+                if failed(error):  # a success the child answered stays one
                     return False, Cancelled(cancel_message(None, running=True)), None
             return abandoned, error, tb
         finally:
