@@ -191,6 +191,33 @@ def test_a_cancel_request_frees_the_key_of_a_running_unique_task():
     assert new.id != old.id and tasks.unique.enqueue("k").id == new.id
 
 
+def test_a_request_a_rust_retry_kept_is_carried_out_before_the_handler_runs(cancelled_signals):
+    """A rust-web-server worker claims the job, its cancel is requested (which the crate does not
+    know), and the crate retries it: our next claim ends it cancelled without running it."""
+    job_id = rust_retried_after_a_cancel_request()
+    assert rws.tick()
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.attempts, job.cancelled_by) == ("cancelled", 1, "ops")
+    assert job.last_error == "JobCancelled: cancelled before it ran"
+    assert not Run.objects.exists()
+    assert cancelled_signals == [(job_id, "cancelled")]
+
+
+def rust_retried_after_a_cancel_request():
+    """A job as the crate leaves it: claimed by its exact SQL, cancel requested meanwhile, then
+    retried by its exact SQL (attempts + 1, pending, due now)."""
+    job_id = rws.enqueue("test.record", "rust", max_retries=3)
+    with connection.cursor() as c:
+        c.execute("UPDATE rws_jobs SET status = 'running' WHERE id = %s AND status = 'pending'", [job_id])
+        assert rws.cancel(job_id, by="ops")  # running: asked
+        c.execute(
+            "UPDATE rws_jobs SET status = 'pending', attempts = %s, last_error = %s, next_run_at = %s "
+            "WHERE id = %s",
+            [1, "rust: boom", int(time.time()), job_id],
+        )
+    return job_id
+
+
 # -- real workers ------------------------------------------------------------------------------------
 
 FAST = {"POLL_INTERVAL": 0.1, "BACKOFF_INITIAL": 0.1, "TIMEOUT_GRACE": 1}
@@ -303,6 +330,19 @@ def test_a_cancel_that_reaches_a_handler_after_it_returned_leaves_it_done(tmp_pa
     wait_for(lambda: not Job.objects.filter(id=job_id, status="running").exists(), 20, what=w.output())
     assert list(Job.objects.values_list("status", "last_error")) == [], w.output()
     assert Run.objects.filter(kind="done").count() == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool", ["threads", "processes"])
+def test_a_worker_ends_a_rust_retried_cancel_request_without_running_it(tmp_path, started, pool):
+    job_id = rust_retried_after_a_cancel_request()
+    w = WorkerProcess(tmp_path, "--pool", pool, jobs=FAST)
+    started.append(w)
+    wait_for(lambda: Job.objects.get(id=job_id).status == "cancelled", 20, what=w.output())
+    assert Job.objects.get(id=job_id).attempts == 1
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+    assert not Run.objects.exists()
 
 
 if task is not None:

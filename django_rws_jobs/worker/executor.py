@@ -16,6 +16,7 @@ from ..runner import (
     Cancelled,
     Watch,
     _close_old_connections,
+    asked_to_cancel,
     describe,
     execute,
     storable,
@@ -131,7 +132,13 @@ class Executor:
         shared.executing[ident] = job
         t0 = time.monotonic()
         try:
-            abandoned, error, tb = self.execute(job)
+            outcome: tuple[bool, str | None, str | None]
+            if asked_to_cancel(job, shared.alias):  # a request the Rust crate retried past
+                _close_old_connections()
+                outcome = False, Cancelled(cancel_message(None, running=False)), None
+            else:
+                outcome = self.execute(job)
+            abandoned, error, tb = outcome
         except BaseException as exc:  # noqa: BLE001  (raised again below)
             self._outcome(ident, job, describe(exc), traceback.format_exc())
             raise
