@@ -72,14 +72,27 @@ def cancel(job_id: str, *, by: str | None = None, using: str | None = None) -> b
 
 
 def _after_cancel(job: Job, freed_key: str | None, alias: str) -> None:
-    """A pending job that held its key's slot frees it for the key's next job."""
+    """A pending job that held its key's slot frees it for the key's next job, then job_cancelled.
+
+    The cancel has committed: a promotion that fails is logged and left to the workers' key sweep,
+    and cancel() still returns True and sends the signal
+    (tests/test_cancel.py::test_a_cancel_whose_promotion_fails_still_returns_true_and_signals)."""
     if freed_key is not None:
         from django.db import connections
 
         from .concurrency_keys import promote
         from .store import Store
 
-        promote(Store(connections[alias]), [freed_key], int(clock.now(alias)))
+        try:
+            promote(Store(connections[alias]), [freed_key], int(clock.now(alias)))
+        except Exception:
+            logger.exception(
+                "job %s (%s) cancelled; the promotion of the next job of its concurrency key %r "
+                "failed: a worker's key sweep promotes it",
+                job.id,
+                job.job_type,
+                freed_key,
+            )
     send_cancelled(job)
 
 

@@ -1,17 +1,19 @@
 """Cancelling jobs: cancel(), what ends a held job whose cancel was requested, pruning, the
 admin's action, and real workers stopping running handlers (thread and process pools)."""
 
+import logging
 import signal
 import time
 
 import pytest
 from django.contrib.auth.models import Permission
-from django.db import connection
+from django.db import OperationalError, connection
 from django.urls import reverse
 
 import django_rws_jobs as rws
 import tests.cancel_handlers  # noqa: F401  (registers the handlers of the tick() tests)
 from django_rws_jobs.cancellation import prune_cancelled
+from django_rws_jobs.concurrency_keys import SLOTS, KeySweep
 from django_rws_jobs.models import Job
 from django_rws_jobs.runner import WORKER_LOST, record, recover
 from django_rws_jobs.signals import job_cancelled
@@ -62,8 +64,6 @@ def test_a_pending_job_is_cancelled_at_once_and_never_runs(cancelled_signals):
 
 
 def test_cancelling_a_waiting_keyed_job_and_a_slot_holder_promotes_the_next():
-    from django_rws_jobs.concurrency_keys import KeySweep
-
     first, second = (rws.enqueue("test.keyed", str(i), concurrency_key="k") for i in range(2))
     KeySweep().sweep(Store(connection), int(time.time()))
     assert Job.objects.get(id=first).concurrency_slot == 0
@@ -216,6 +216,31 @@ def rust_retried_after_a_cancel_request():
             [1, "rust: boom", int(time.time()), job_id],
         )
     return job_id
+
+
+def test_a_cancel_whose_promotion_fails_still_returns_true_and_signals(cancelled_signals, caplog):
+    """The cancel committed before the freed slot's promotion runs: a failing promotion is logged
+    and left to the workers' key sweep."""
+    first, second = (rws.enqueue("test.keyed", str(i), concurrency_key="k") for i in range(2))
+    KeySweep().sweep(Store(connection), int(time.time()))
+    assert Job.objects.get(id=first).concurrency_slot == 0
+
+    def refuse_promotion(execute, sql, params, many, context):
+        if sql == SLOTS:
+            raise OperationalError("promotion refused")
+        return execute(sql, params, many, context)
+
+    with (
+        caplog.at_level(logging.ERROR, logger="django_rws_jobs"),
+        connection.execute_wrapper(refuse_promotion),
+    ):
+        assert rws.cancel(first)
+    assert cancelled_signals == [(first, "cancelled")]
+    assert Job.objects.get(id=first).status == "cancelled"
+    assert "promotion refused" in caplog.text
+    assert Job.objects.get(id=second).status == "waiting"
+    KeySweep().sweep(Store(connection), int(time.time()))  # what a worker's sweep does
+    assert (Job.objects.get(id=second).status, Job.objects.get(id=second).concurrency_slot) == ("pending", 0)
 
 
 # -- real workers ------------------------------------------------------------------------------------
