@@ -123,10 +123,16 @@ class Watch:
     A handler that returns a value (checked by call_handler) counts as returned once it passed.
     """
 
-    __slots__ = ("outcome",)
+    __slots__ = ("job", "outcome")
 
     def __init__(self) -> None:
+        # The job it watches: a job that its handler runs by tick() leaves it alone
+        # (tests/test_cancel.py::test_a_job_run_inside_a_handler_does_not_mark_the_outer_handler_returned).
+        self.job: Claimed | None = None
         self.outcome: tuple[Any, str | None] | None = None
+
+    def start(self, job: Claimed) -> None:
+        self.job, self.outcome = job, None
 
 
 #: A handler's success, as Watch.outcome and execute return it.
@@ -147,6 +153,8 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
     outcome as its error, which ``record`` hands back to the runner. The thread's Watch (if any)
     gets the outcome as soon as the handler has returned."""
     handlers: Watch | None = getattr(_watches, "current", None)
+    if handlers is not None and handlers.job is not job:
+        handlers = None
     spec = registry.get(job.job_type)
     if spec is None:
         rows = registry.row_runner(job.job_type)

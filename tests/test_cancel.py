@@ -15,7 +15,7 @@ import tests.cancel_handlers  # noqa: F401  (registers the handlers of the tick(
 from django_rws_jobs.cancellation import prune_cancelled
 from django_rws_jobs.concurrency_keys import SLOTS, KeySweep
 from django_rws_jobs.models import Job
-from django_rws_jobs.runner import WORKER_LOST, record, recover
+from django_rws_jobs.runner import WORKER_LOST, Watch, execute, record, recover, watch
 from django_rws_jobs.signals import job_cancelled
 from django_rws_jobs.store import Store
 from tests.test_worker import WorkerProcess, wait_for
@@ -241,6 +241,24 @@ def test_a_cancel_whose_promotion_fails_still_returns_true_and_signals(cancelled
     assert Job.objects.get(id=second).status == "waiting"
     KeySweep().sweep(Store(connection), int(time.time()))  # what a worker's sweep does
     assert (Job.objects.get(id=second).status, Job.objects.get(id=second).concurrency_slot) == ("pending", 0)
+
+
+def test_a_job_run_inside_a_handler_does_not_mark_the_outer_handler_returned():
+    """An executor's Watch of its job says "returned" only for that job: a job that its handler
+    runs by tick() leaves it alone, so a cancel of the outer job still stops its handler."""
+    store = Store(connection)
+    outer, inner = (rws.enqueue("test.record", p) for p in ("outer", "inner"))
+    jobs = {j.id: j for j in claim(store)}
+    handlers = Watch()
+    watch(handlers)
+    try:
+        handlers.start(jobs[outer])
+        assert execute(jobs[inner]) == (None, None)
+        assert handlers.outcome is None
+        assert execute(jobs[outer]) == (None, None)
+        assert handlers.outcome == (None, None)
+    finally:
+        watch(None)
 
 
 # -- real workers ------------------------------------------------------------------------------------

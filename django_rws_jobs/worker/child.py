@@ -190,7 +190,7 @@ def serve(conn: Connection) -> None:
     try:
         while (fields := receive(conn)) is not None:
             job = Claimed(*fields)
-            _running.handlers.outcome = None
+            _running.handlers.start(job)
             _running.job = True
             try:
                 error, tb = execute(job)

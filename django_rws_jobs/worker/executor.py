@@ -91,7 +91,7 @@ class Executor:
             try:
                 with self.cancel_lock:
                     self.running, self.ident, self.cancel_raised = job, threading.get_ident(), False
-                    self.handlers.outcome = None
+                    self.handlers.start(job)
                 return self._run(job)
             finally:
                 self._stop_cancels()
