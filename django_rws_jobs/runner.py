@@ -198,10 +198,10 @@ def _close_old_connections() -> None:
 
 
 class Cancelled(str):
-    """An executor's outcome for a run that it stopped because a cancel was requested: the text
-    that last_error records. ``record`` ends a job cancelled for this type of outcome, or for any
-    failure once the row carries a request, never for an error's text: a handler's own exception
-    that reads ``JobCancelled: ...`` is a failure like any other
+    """An executor's outcome for a run that it stopped, or did not start, because a cancel was
+    requested: the text that last_error records. ``record`` ends a job cancelled for this type of
+    outcome, or for any failure once the row carries a request, never for an error's text: a
+    handler's own exception that reads ``JobCancelled: ...`` is a failure like any other
     (tests/test_cancel.py::test_an_error_named_job_cancelled_without_a_request_is_an_ordinary_failure)."""
 
     __slots__ = ()

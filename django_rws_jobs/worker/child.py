@@ -158,7 +158,7 @@ class _Running:
 
     def __init__(self) -> None:
         self.handlers = Watch()  # whether the job's handler has returned (runner.Watch)
-        self.job = False  # a job runs: from its receipt to its answer's sending
+        self.busy = False  # from a job's receipt to its answer's sending
         self.terminate: int | None = None  # a SIGTERM that came once the handler had returned
 
 
@@ -170,7 +170,7 @@ def _terminate(signum: int, frame: Any) -> None:
     has returned, the child sends the job's outcome first, then exits: a job that finished is
     recorded as it ended
     (tests/test_cancel.py::test_a_cancel_that_reaches_a_handler_after_it_returned_leaves_it_done)."""
-    if _running.job and _running.handlers.outcome is not None:
+    if _running.busy and _running.handlers.outcome is not None:
         _running.terminate = signum
         return
     raise SystemExit(128 + signum)
@@ -191,14 +191,14 @@ def serve(conn: Connection) -> None:
         while (fields := receive(conn)) is not None:
             job = Claimed(*fields)
             _running.handlers.start(job)
-            _running.job = True
+            _running.busy = True
             try:
                 error, tb = execute(job)
             except BaseException as exc:  # SystemExit and the like: a failure; then this child ends
                 send(conn, (describe(exc), traceback.format_exc(), _peak_mb(), True))
                 raise
             send(conn, (error, tb, _peak_mb(), False))
-            _running.job = False
+            _running.busy = False
             if _running.terminate is not None:
                 raise SystemExit(128 + _running.terminate)
     except EOFError:
