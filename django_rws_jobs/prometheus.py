@@ -42,15 +42,18 @@ COUNTERS_SQL = (
 
 
 def allowed(request: HttpRequest) -> bool:
-    """A staff user's session, or ``Authorization: Bearer <RWS_JOBS["METRICS_TOKEN"]>``."""
+    """A staff user's session, or ``Authorization: Bearer <RWS_JOBS["METRICS_TOKEN"]>``, the
+    scheme in any case and followed by one or more spaces, as RFC 7235 has it
+    (tests/test_metrics.py::test_the_token_scheme_is_case_insensitive)."""
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated and user.is_staff:
         return True
     token = jobs_settings.METRICS_TOKEN
-    given = request.headers.get("Authorization", "")
-    if not token or not given.startswith("Bearer "):
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    credentials = credentials.lstrip(" ")
+    if not token or scheme.lower() != "bearer" or not credentials:
         return False
-    return hmac.compare_digest(given[len("Bearer ") :].encode(), str(token).encode())
+    return hmac.compare_digest(credentials.encode(), str(token).encode())
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

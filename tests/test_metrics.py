@@ -103,6 +103,15 @@ def test_the_endpoint_needs_staff_or_the_token(client, admin_client, django_user
     assert anonymous.get(URL, HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 200
 
 
+def test_the_token_scheme_is_case_insensitive(client, settings):
+    # RFC 7235: the auth scheme is a case-insensitive token, followed by one or more spaces.
+    settings.RWS_JOBS = {**settings.RWS_JOBS, "METRICS_TOKEN": TOKEN}
+    for given in (f"bearer {TOKEN}", f"BEARER {TOKEN}", f"beArer  {TOKEN}"):
+        assert client.get(URL, HTTP_AUTHORIZATION=given).status_code == 200, given
+    for given in (f"bearer{TOKEN}", f"Basic {TOKEN}", "bearer", "bearer ", f"bearer {TOKEN}x", TOKEN):
+        assert client.get(URL, HTTP_AUTHORIZATION=given).status_code == 403, given
+
+
 def test_the_gauges_equal_the_tables_counts(admin_client):
     now = int(time.time())
     for i in range(3):
