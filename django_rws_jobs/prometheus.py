@@ -22,7 +22,9 @@ from .db import queue_alias
 from .metrics import ADDS
 from .models import Worker
 
-#: Job states each queue's ``rws_queue_jobs`` gauge has (due: pending and due now).
+#: Job states each queue's ``rws_queue_jobs`` gauge has (due: pending, or waiting for a slot of its
+#: concurrency key, and due now: tests/test_metrics.py
+#: test_a_waiting_job_whose_key_stays_full_is_due_in_the_gauges).
 STATES = ("waiting", "pending", "due", "running", "failed", "cancelled")
 #: Counter name -> the rws_metrics column it sums.
 COUNTERS = {
@@ -85,7 +87,9 @@ class QueueCollector:
         jobs, due, paused, counters = read(self.alias, now)
         gauge = GaugeMetricFamily("rws_queue_jobs", "Jobs per queue and state", labels=["queue", "state"])
         age = GaugeMetricFamily(
-            "rws_queue_oldest_due_age_seconds", "How long the oldest due job waited", labels=["queue"]
+            "rws_queue_oldest_due_age_seconds",
+            "How long the oldest due job (pending or waiting for its concurrency key) waited",
+            labels=["queue"],
         )
         queues = sorted({q for q, _ in jobs} | set(due) | set(paused))
         for queue in queues:
@@ -125,8 +129,8 @@ def read(
         c.execute("SELECT queue, status, COUNT(*) FROM rws_jobs GROUP BY queue, status")
         jobs = {(q, s): n for q, s, n in c.fetchall()}
         c.execute(
-            "SELECT queue, COUNT(*), MIN(next_run_at) FROM rws_jobs WHERE status = 'pending' "
-            "AND next_run_at <= %s GROUP BY queue",
+            "SELECT queue, COUNT(*), MIN(next_run_at) FROM rws_jobs WHERE status IN ('pending', "
+            "'waiting') AND next_run_at <= %s GROUP BY queue",
             [now],
         )
         due = {q: (n, oldest) for q, n, oldest in c.fetchall()}

@@ -58,6 +58,55 @@ def test_due_and_dead_thresholds():
     assert out["reason"] == "unhealthy: more than 0 dead job(s), over --max-failed 0"
 
 
+def stall_a_key(due_ago: int) -> str:
+    """Two jobs of key 'k': the first promoted, claimed and failed by rust-web-server's SQL (which
+    knows no slots, so its row keeps the key's only slot for ever), the second waiting, due
+    ``due_ago`` seconds ago. Returns the waiting job's id."""
+    from django_rws_jobs.concurrency_keys import promote
+
+    now = int(time.time())
+    first = rws.enqueue("test.keyed", "first", concurrency_key="k")
+    second = rws.enqueue("test.keyed", "second", concurrency_key="k")
+    Job.objects.filter(id__in=[first, second]).update(next_run_at=now - due_ago)
+    assert promote(Store(connection), ["k"], now) == 1
+    with connection.cursor() as c:  # the seed's claim, then its move to the dead-letter list
+        c.execute("UPDATE rws_jobs SET status = 'running' WHERE id = %s AND status = 'pending'", [first])
+        c.execute(
+            "UPDATE rws_jobs SET status = 'failed', attempts = %s, last_error = %s WHERE id = %s",
+            [4, "x", first],
+        )
+    assert Job.objects.get(id=first).concurrency_slot == 0
+    assert Job.objects.get(id=second).status == "waiting"
+    return second
+
+
+def test_a_waiting_job_whose_key_stays_full_is_due():
+    stall_a_key(due_ago=100)
+    code, line = health("--max-due-age", "50")
+    assert code == 1, line
+    assert "the oldest due job waited 10" in line and "over --max-due-age 50" in line, line
+    assert "waiting for a slot of concurrency key 'k'" in line, line
+    assert health("--max-due-age", "200")[0] == 0
+    assert health("--max-due", "0") == (1, "unhealthy: more than 0 due job(s), over --max-due 0")
+    assert health("--max-due", "1")[0] == 0
+
+
+def test_paused_queues_are_left_out_of_due_unless_asked():
+    now = int(time.time())
+    held = rws.enqueue("test.record", "held", queue="mail")
+    Job.objects.filter(id=held).update(next_run_at=now - 100)
+    rws.enqueue("test.record", "on time")  # queue 'default', due now
+    rws.pause_queue("mail")
+    code, line = health("--max-due-age", "50", "--max-due", "1")
+    assert code == 0, line
+    assert "paused queues left out: mail" in line, line
+    code, line = health("--max-due-age", "50", "--include-paused")
+    assert code == 1 and "over --max-due-age 50" in line and "queue 'mail'" in line, line
+    assert health("--max-due", "1", "--include-paused")[0] == 1
+    rws.resume_queue("mail")
+    assert health("--max-due-age", "50")[0] == 1
+
+
 def test_worker_needs_a_live_worker_of_this_host():
     assert health("--worker") == (1, f"unhealthy: no live worker registered on {this_host()}")
     store = Store(connection)

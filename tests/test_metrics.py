@@ -136,6 +136,16 @@ def test_the_gauges_equal_the_tables_counts(admin_client):
     assert found[("rws_workers_alive", ())] == 0
 
 
+def test_a_waiting_job_whose_key_stays_full_is_due_in_the_gauges(admin_client):
+    from tests.test_health import stall_a_key
+
+    stall_a_key(due_ago=100)
+    found = scrape(admin_client)
+    assert found[("rws_queue_jobs", (("queue", "default"), ("state", "waiting")))] == 1
+    assert found[("rws_queue_jobs", (("queue", "default"), ("state", "due")))] == 1
+    assert found[("rws_queue_oldest_due_age_seconds", (("queue", "default"),))] >= 100
+
+
 def test_the_endpoint_runs_the_same_statements_for_one_queue_or_twenty(admin_client):
     def statements() -> int:
         with CaptureQueriesContext(connection) as queries:

@@ -50,6 +50,11 @@ class Command(BaseCommand):
             "--max-due-age", type=float, metavar="SECONDS", help="the oldest due job waited at most this long"
         )
         parser.add_argument("--max-due", type=_non_negative, metavar="N", help="at most N jobs are due")
+        parser.add_argument(
+            "--include-paused",
+            action="store_true",
+            help="--max-due and --max-due-age count the jobs of paused queues too",
+        )
         parser.add_argument("--max-failed", type=_non_negative, metavar="N", help="at most N jobs are dead")
         parser.add_argument("--json", action="store_true", help="print a JSON object instead of a line")
 
@@ -146,12 +151,14 @@ def unapplied(conn: Any) -> list[str]:
 
 
 def thresholds(alias: str, options: dict[str, Any]) -> dict[str, Finding]:
+    from django.db import connections
+
     from django_rws_jobs import clock
     from django_rws_jobs.models import Job, Status, Worker
+    from django_rws_jobs.queues import paused_queues
     from django_rws_jobs.worker_rows import this_host
 
     now = int(clock.now(alias))
-    jobs = Job.objects.using(alias)
     found: dict[str, Finding] = {}
     if options["worker"]:
         host = this_host()
@@ -161,31 +168,121 @@ def thresholds(alias: str, options: dict[str, Any]) -> dict[str, Finding]:
             if live
             else (False, f"no live worker registered on {host}")
         )
-    if options["max_due_age"] is not None:
-        oldest = (
-            jobs.filter(status=Status.PENDING)
-            .order_by("next_run_at")
-            .values_list("next_run_at", flat=True)
-            .first()
-        )
-        age = max(now - oldest, 0) if oldest is not None and oldest <= now else 0
-        limit = options["max_due_age"]
-        found["due_age"] = (
-            age <= limit,
-            f"the oldest due job waited {age}s" + ("" if age <= limit else f", over --max-due-age {limit:g}"),
-        )
-    for key, status, label, due in (
-        ("max_due", Status.PENDING, "due", True),
-        ("max_failed", Status.FAILED, "dead", False),
-    ):
-        if options[key] is None:
-            continue
-        limit = options[key]
-        rows = jobs.filter(status=status, **({"next_run_at__lte": now} if due else {})).order_by()
+    age_limit, due_limit = options["max_due_age"], options["max_due"]
+    if age_limit is not None or due_limit is not None:
+        paused = [] if options["include_paused"] else paused_queues(using=alias)
+        with connections[alias].cursor() as c:
+            due = Due(c, now, due_limit, want_oldest=age_limit is not None, paused=paused)
+        left_out = f" (paused queues left out: {', '.join(paused)})" if paused else ""
+        if age_limit is not None:
+            age = max(now - due.oldest[0], 0) if due.oldest is not None else 0
+            ok = age <= age_limit
+            found["due_age"] = (
+                ok,
+                f"the oldest due job waited {age}s{describe(due.oldest)}"
+                + ("" if ok else f", over --max-due-age {age_limit:g}")
+                + left_out,
+            )
+        if due_limit is not None:
+            found["max_due"] = counted(due.count, due_limit, "due", "max-due", left_out)
+    if options["max_failed"] is not None:
+        limit = options["max_failed"]
+        rows = Job.objects.using(alias).filter(status=Status.FAILED).order_by()
         n = rows[: limit + 1].count()  # an index range that LIMIT stops
-        shown = f"more than {limit}" if n > limit else str(n)
-        found[key] = (
-            n <= limit,
-            f"{shown} {label} job(s)" + (f", over --{key.replace('_', '-')} {limit}" if n > limit else ""),
-        )
+        found["max_failed"] = counted(n, limit, "dead", "max-failed", "")
     return found
+
+
+def counted(n: int, limit: int, label: str, flag: str, note: str) -> Finding:
+    """A count that stopped past ``limit`` (n = limit + 1 says more than limit)."""
+    shown = f"more than {limit}" if n > limit else str(n)
+    return n <= limit, f"{shown} {label} job(s)" + (f", over --{flag} {limit}" if n > limit else "") + note
+
+
+def describe(oldest: tuple[int, str, str | None] | None) -> str:
+    if oldest is None:
+        return ""
+    _, queue, key = oldest
+    waits = "" if key is None else f", waiting for a slot of concurrency key {key!r}"
+    return f" (queue {queue!r}{waits})"
+
+
+#: The states of a due job: pending, or waiting for a slot of its concurrency key (a key whose
+#: slots stay taken, by long jobs or by a job a rust-web-server worker failed, which keeps its
+#: slot, makes its waiting jobs' wait grow: tests/test_health.py
+#: test_a_waiting_job_whose_key_stays_full_is_due).
+DUE_STATES = ("pending", "waiting")
+
+
+class Due:
+    """The due jobs (pending or waiting, due now) outside ``paused``: ``count``, counted up to
+    ``limit + 1`` (None: not counted), and ``oldest``, the (due time, queue, concurrency key) of
+    the one due longest (None when none is, or not asked).
+
+    Every statement reads an index range that its LIMIT stops, or one index probe, so the answer
+    costs the same with a million rows (tests/test_explain.py
+    test_rws_health_reads_index_ranges_with_a_million_rows). With no queue to leave out, the
+    ranges are the due index's, one per state. With queues to leave out, whose backlog may be
+    any size, the due index (which has no queue) would read their rows: the ranges are then the
+    queue index's, one per state, other queue and priority, each queue and priority found by one
+    probe, so the left-out queues' rows are never read.
+    """
+
+    def __init__(self, c: Any, now: int, limit: int | None, *, want_oldest: bool, paused: list[str]):
+        from django_rws_jobs.backends import backend_for
+        from django_rws_jobs.backends.statements import QUEUE_INDEX
+
+        self.c, self.now = c, now
+        # Each range's index is named where the database takes hints (PostgreSQL takes none and
+        # picks it by its statistics): MariaDB read one queue's band from the claim index,
+        # filtering out the paused queues' rows (tests/test_explain.py, as above).
+        self.due_hint = backend_for(c.db).due_index_hint()
+        hints = {"mysql": f" FORCE INDEX ({QUEUE_INDEX})", "sqlite": f" INDEXED BY {QUEUE_INDEX}"}
+        self.queue_hint = hints.get(c.db.vendor, "")
+        self.left = None if limit is None else limit + 1  # rows still to count
+        self.count = 0
+        self.oldest: tuple[int, str, str | None] | None = None
+        self.want_oldest = want_oldest
+        for status in DUE_STATES:
+            if paused:
+                self._walk(status, set(paused))
+            else:
+                self._range(status, self.due_hint, "", [])
+
+    def _range(self, status: str, hint: str, where: str, params: list[Any]) -> None:
+        """Count and find the oldest in one range: ``status``, ``where``, due now."""
+        c = self.c
+        rows = f"rws_jobs{hint} WHERE status = %s{where} AND next_run_at <= %s"
+        args = [status, *params, self.now]
+        if self.left:
+            c.execute(f"SELECT COUNT(*) FROM (SELECT 1 FROM {rows} LIMIT {self.left}) AS due", args)
+            n = c.fetchone()[0]
+            self.count += n
+            self.left -= n
+        if self.want_oldest:
+            c.execute(
+                f"SELECT next_run_at, queue, concurrency_key FROM {rows} ORDER BY next_run_at LIMIT 1", args
+            )
+            row = c.fetchone()
+            if row is not None and (self.oldest is None or row[0] < self.oldest[0]):
+                self.oldest = (row[0], row[1], row[2])
+
+    def _walk(self, status: str, paused: set[str]) -> None:
+        """_range over each queue not in ``paused`` and each of its priorities: a loose index
+        scan of the queue index, one probe per queue and per priority."""
+        queue = self._probe("SELECT MIN(queue) FROM rws_jobs WHERE status = %s", [status])
+        while queue is not None and (self.left or self.want_oldest):
+            if queue not in paused:
+                band = "SELECT MAX(priority) FROM rws_jobs WHERE status = %s AND queue = %s"
+                priority = self._probe(band, [status, queue])
+                while priority is not None and (self.left or self.want_oldest):
+                    where = " AND queue = %s AND priority = %s"
+                    self._range(status, self.queue_hint, where, [queue, priority])
+                    priority = self._probe(band + " AND priority < %s", [status, queue, priority])
+            queue = self._probe(
+                "SELECT MIN(queue) FROM rws_jobs WHERE status = %s AND queue > %s", [status, queue]
+            )
+
+    def _probe(self, sql: str, params: list[Any]) -> Any:
+        self.c.execute(sql, params)
+        return self.c.fetchone()[0]
