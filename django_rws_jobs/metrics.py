@@ -2,20 +2,26 @@
 
 Each worker adds up, in memory, the runs its executors timed and the outcomes it recorded, per
 minute of the queue's clock, queue and job type; its completer writes them at most once a
-FLUSH_EVERY seconds (so at most once per batch), in one statement that adds them to the stored
-rows (an upsert: several workers add to one minute). Workers prune minutes past
-METRICS_RETENTION by folding them into ``rws_metric_totals`` in the same transaction, so the
-Prometheus counters (totals plus minutes) never go down
+FLUSH_EVERY seconds (so at most once per batch), in one transaction of one statement that adds
+them to the stored rows (an upsert: several workers add to one minute). Rows a write failed to
+store are written again only if it surely did not commit: rows whose COMMIT got no answer may be
+stored, and are dropped rather than counted twice
+(tests/test_metrics.py::test_a_counters_write_whose_commit_reply_is_lost_counts_once). Workers
+prune minutes past METRICS_RETENTION by folding them into ``rws_metric_totals`` in the same
+transaction, so the Prometheus counters (totals plus minutes) never go down
 (tests/test_metrics.py::test_pruning_keeps_the_counters_monotonic).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, deque
 from collections.abc import Sequence
 from itertools import chain, groupby
 from operator import attrgetter, itemgetter
 from typing import Any
+
+logger = logging.getLogger("django_rws_jobs")
 
 KEYS = ("minute", "queue", "job_type")
 ADDS = ("done", "failed", "dead", "cancelled", "runs", "run_seconds", "wait_seconds")
@@ -57,7 +63,7 @@ class Counters:
         """The outcomes recorded for ``jobs`` (lost ones count nowhere)."""
         self.ends.append((tuple(map(_QUEUE, jobs)), tuple(map(_TYPE, jobs)), outcomes))
 
-    def take(self, now: float, mono: float) -> list[list[Any]]:
+    def take(self, now: float, mono: float) -> Batch:
         """The rows to write (KEYS + ADDS + MAXES each), forgotten here. ``now`` and ``mono``:
         the queue's clock and ``time.monotonic()`` read together: the minute, and the runs' starts."""
         rows, self.pending = self.pending, {}
@@ -90,12 +96,28 @@ class Counters:
         for (queue, job_type, outcome), n in counted.items():
             for index in OUTCOME_INDEXES.get(outcome, ()):
                 row(queue, job_type)[index] += n
-        return [[*key, *values] for key, values in sorted(rows.items())]
+        return Batch([*key, *values] for key, values in sorted(rows.items()))
 
     def give_back(self, rows: Sequence[Sequence[Any]]) -> None:
-        """Rows a write failed to store: added to the next write."""
+        """Rows a write failed to store: added to the next write, unless that write may have
+        stored them (``Batch.maybe_stored``), which they would then count twice."""
+        if getattr(rows, "maybe_stored", False):
+            logger.warning(
+                "metrics: %d counter row(s) dropped: their write's COMMIT got no answer, so they "
+                "may be stored already",
+                len(rows),
+            )
+            return
         for r in rows:
             merge(self.pending, (r[0], r[1], r[2]), r[3:])
+
+
+class Batch(list[list[Any]]):
+    """The rows of one write (Counters.take). ``maybe_stored`` is set once its COMMIT has been
+    sent: from then on a failure may hide a commit, and the rows are neither written again nor
+    given back (write, Counters.give_back)."""
+
+    maybe_stored = False
 
 
 _QUEUE_AND_TYPE = itemgetter(0, 1)
@@ -115,11 +137,29 @@ def merge(rows: dict[Any, list[Any]], key: Any, values: Sequence[Any]) -> None:
 
 
 def write(store: Any, rows: Sequence[Sequence[Any]]) -> None:
-    """Add ``rows`` (Counters.take) to the stored minutes, in one statement."""
+    """Add ``rows`` (Counters.take) to the stored minutes, in one transaction of one statement.
+
+    A failure before the COMMIT is sent leaves nothing stored: the caller may write the rows
+    again or give them back. Past that point a client-server database may have committed
+    whatever the connection says, so a Batch is marked ``maybe_stored`` and a later call with it
+    writes nothing (a retry by reconnect.Retry). SQLite answers in-process: a COMMIT that fails
+    there did not commit."""
     if not rows:
         return
-    with store.writes, store.cursor() as c:
-        c.execute(*store.backend.upsert_adding("rws_metrics", KEYS, ADDS, MAXES, rows))
+    if getattr(rows, "maybe_stored", False):
+        logger.warning("metrics: %d counter row(s) not written again: they may be stored already", len(rows))
+        return
+    statement = store.backend.upsert_adding("rws_metrics", KEYS, ADDS, MAXES, rows)
+    committing = False
+    try:
+        with store.writes, store.atomic():
+            with store.cursor() as c:
+                c.execute(*statement)
+            committing = True
+    except BaseException:
+        if committing and isinstance(rows, Batch) and store.conn.vendor != "sqlite":
+            rows.maybe_stored = True
+        raise
 
 
 def prune(store: Any, before: int) -> int:

@@ -1,6 +1,8 @@
 """Metrics: the per-minute counters (rws_metrics), their pruning into totals, and the Prometheus
 endpoint, parsed as Prometheus parses it."""
 
+import select
+import threading
 import time
 
 import pytest
@@ -12,6 +14,7 @@ from django_rws_jobs import metrics
 from django_rws_jobs.backends.claimed import Claimed
 from django_rws_jobs.models import Job, MetricMinute, MetricTotal
 from django_rws_jobs.store import Store
+from tests.proxy import Proxy
 from tests.test_worker import WorkerProcess
 
 parser = pytest.importorskip("prometheus_client.parser")
@@ -176,6 +179,129 @@ def test_a_workers_counters_reach_the_endpoint(tmp_path, started, admin_client):
     assert found[("rws_jobs_dead_total", (("job_type", "test.fail"), ("queue", "default")))] == 2
     assert found[("rws_job_attempts_failed_total", (("job_type", "test.fail"), ("queue", "default")))] == 2
     assert found[("rws_job_runs_total", (("job_type", "test.record"), ("queue", "default")))] == 3
+
+
+class CommitReplyLost(Proxy):
+    """tests/proxy.py's proxy, which loses the reply to the first statement that commits a write
+    of the counters (the INSERT in autocommit, else the COMMIT after it): once a connection has
+    sent an INSERT INTO rws_metrics, each reply it gets is held until ``committed()`` (asked on
+    a connection of the test's own) says the rows are stored; that reply is dropped and the
+    connection frozen, as a network that fails just then leaves it."""
+
+    def __init__(self, target_port: int, committed):
+        self.committed = committed
+        self.lost = threading.Event()
+        super().__init__(target_port)
+
+    def _pump(self, client, upstream, frozen):
+        ends = {client: upstream, upstream: client}
+        armed = False
+        try:
+            while not frozen.is_set() and not self.closed.is_set():
+                ready, _, _ = select.select(list(ends), [], [], 0.1)
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return self._shut(client, upstream)
+                    if s is client and b"INSERT INTO rws_metrics (" in data:
+                        armed = not self.lost.is_set()
+                    if s is upstream and armed and self.committed():
+                        self.lost.set()
+                        frozen.set()
+                        break
+                    ends[s].sendall(data)
+            self.closed.wait()
+        except OSError:
+            self._shut(client, upstream)
+
+
+def stored_done() -> int:
+    """The jobs done in rws_metrics, read on a connection of the calling thread's, closed after."""
+    from django.db import connections
+    from django.db.models import Sum
+
+    try:
+        return MetricMinute.objects.aggregate(n=Sum("done"))["n"] or 0
+    finally:
+        connections.close_all()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no reply to lose")
+def test_a_counters_write_whose_commit_reply_is_lost_counts_once(tmp_path, started):
+    """The worker's write of its counters commits, the reply is lost, the statement deadline
+    takes the connection for dead: the write failed as far as the worker knows, but its rows are
+    stored, and writing them again would count those jobs twice."""
+    from tests.test_dead_connections import PORT_VARIABLE
+    from tests.test_worker import wait_for
+
+    port = int(connection.settings_dict["PORT"] or {"postgresql": 5432}.get(connection.vendor, 3306))
+    proxy = CommitReplyLost(port, lambda: stored_done() > 0)
+    try:
+        w = WorkerProcess(
+            tmp_path,
+            jobs={"STATEMENT_DEADLINE": 2, "POLL_INTERVAL": 0.2},
+            name="proxied",
+            env={PORT_VARIABLE[connection.vendor]: str(proxy.port)},
+        )
+        started.append(w)
+        w.started()
+        for i in range(3):
+            rws.enqueue("test.record", str(i))
+        wait_for(proxy.lost.is_set, 30, what=f"the lost reply:\n{w.output()}")
+        wait_for(
+            lambda: "could not write the metrics counters" in w.output(),
+            30,
+            what=f"the write to fail:\n{w.output()}",
+        )
+        for i in range(2):  # counted by a write after the failed one
+            rws.enqueue("test.record", f"after-{i}")
+        wait_for(lambda: stored_done() >= 5, 30, what=f"the later jobs' counts:\n{w.output()}")
+        assert stored_done() == 5, w.output()
+        assert "may be stored already" in w.output()
+    finally:
+        proxy.close()
+
+
+def test_a_counters_write_that_did_not_commit_is_given_back_and_counted_once():
+    """The other side: a write whose statement fails (here a lock wait that times out, on a
+    worker's own connection) committed nothing, and its rows are counted at the next write."""
+    from django.db import DatabaseError
+
+    from django_rws_jobs.db import private_connection
+
+    writer, holder = private_connection("default"), private_connection("default")
+    store = Store(writer)
+    try:
+        counters = metrics.Counters()
+        counters.ended([job()], ["done"])
+        metrics.write(store, counters.take(T, T))  # the minute's row, which the holder locks
+        counters.ended([job()] * 2, ["done"] * 2)
+        rows = counters.take(T, T)
+        with writer.cursor() as c:
+            c.execute(
+                {
+                    "postgresql": "SET lock_timeout = '100ms'",
+                    "mysql": "SET SESSION innodb_lock_wait_timeout = 1",
+                    "sqlite": "PRAGMA busy_timeout = 100",
+                }[writer.vendor]
+            )
+        with holder.cursor() as c:
+            if holder.vendor == "sqlite":
+                c.execute("BEGIN IMMEDIATE")  # the file's write lock
+            else:
+                c.execute("BEGIN")
+                c.execute("SELECT done FROM rws_metrics FOR UPDATE")
+            with pytest.raises(DatabaseError):
+                metrics.write(store, rows)
+            c.execute("ROLLBACK")
+        assert not rows.maybe_stored
+        counters.give_back(rows)
+        metrics.write(store, counters.take(T, T))
+        assert MetricMinute.objects.get().done == 3
+    finally:
+        writer.close()
+        holder.close()
 
 
 def test_the_overview_charts_the_last_hour_and_day(admin_client):
