@@ -192,3 +192,77 @@ def test_the_heartbeat_file_tells_a_live_worker_without_the_database(tmp_path, s
     os.unlink(beat)
     code, line = probe("--heartbeat-file", str(beat), env=env)
     assert code == 1 and "No such file" in line, line
+
+
+@pytest.mark.slow
+def test_the_heartbeat_file_goes_stale_while_a_role_is_stuck(tmp_path, started, settings):
+    """A live worker whose dispatcher is stuck on a lock stops touching the file, so the probe
+    fails while the process lives; once the lock is gone, the file is fresh again. The lock: the
+    test's row lock on a waiting job that the dispatcher's sweep promotes (its UPDATE waits for
+    it), or on SQLite the file's write lock, which every writer waits for."""
+    from django_rws_jobs.db import private_connection
+    from tests.testapp.models import Run
+
+    settings.RWS_JOBS = {**settings.RWS_JOBS, "LEASE_SECONDS": 3}  # the probe's limit: 3 s
+    beat = tmp_path / "worker.alive"
+    w = WorkerProcess(tmp_path, "--heartbeat-file", str(beat), jobs={"LEASE_SECONDS": 3})
+    started.append(w)
+    w.started()
+    wait_for(lambda: health("--heartbeat-file", str(beat))[0] == 0, 10, what=w.output())
+    job_id = rws.enqueue("test.keyed", "k 0", concurrency_key="k", run_in=2)  # not due yet
+    holder = private_connection("default")
+    try:
+        with holder.cursor() as c:
+            if connection.vendor == "sqlite":
+                c.execute("BEGIN IMMEDIATE")
+            else:
+                c.execute("BEGIN")
+                c.execute("SELECT id FROM rws_jobs WHERE id = %s FOR UPDATE", [job_id])
+            wait_for(
+                lambda: health("--heartbeat-file", str(beat))[0] == 1,
+                30,
+                what=f"the heartbeat file to go stale:\n{w.output()}",
+            )
+            assert w.proc.poll() is None
+            assert "rws-dispatcher's last turn began" in w.output(), w.output()
+            c.execute("ROLLBACK")
+        wait_for(
+            lambda: health("--heartbeat-file", str(beat))[0] == 0,
+            60,
+            what=f"the heartbeat file to be fresh again:\n{w.output()}",
+        )
+        wait_for(lambda: Run.objects.filter(payload="k").exists(), 30, what=f"the job:\n{w.output()}")
+    finally:
+        holder.close()
+
+
+@pytest.mark.slow
+def test_the_heartbeat_file_stays_fresh_while_the_worker_waits_by_design(tmp_path, started, settings):
+    """Waits by design are progress: the one executor busy with a job three bounds long (the
+    dispatcher waits for it), then an idle poll interval longer than the bound, and the scheduler,
+    which has no schedules, all along. LEASE_SECONDS 3: the bound and the probe's limit, 3 s."""
+    from tests.testapp.models import Run
+
+    settings.RWS_JOBS = {**settings.RWS_JOBS, "LEASE_SECONDS": 3}
+    beat = tmp_path / "worker.alive"
+    w = WorkerProcess(tmp_path, "--heartbeat-file", str(beat), jobs={"LEASE_SECONDS": 3, "POLL_INTERVAL": 10})
+    started.append(w)
+    w.started()
+    wait_for(lambda: health("--heartbeat-file", str(beat))[0] == 0, 10, what=w.output())
+
+    def fresh_until(done, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            assert time.monotonic() < deadline, f"timed out:\n{w.output()}"
+            code, line = health("--heartbeat-file", str(beat))
+            assert code == 0, f"{line}\n{w.output()}"
+            time.sleep(0.2)
+
+    rws.enqueue("test.sleep", "9")
+    wait_for(lambda: Run.objects.filter(kind="start").exists(), 30, what=w.output())
+    fresh_until(lambda: Run.objects.filter(kind="end").exists())
+    # Idle: the next job is due in 5 s, and the dispatcher looks at it now (enqueue's hint), then
+    # again after its poll interval (10 s) unless another hint comes first.
+    rws.enqueue("test.record", "next", run_in=5)
+    fresh_until(lambda: Run.objects.filter(kind="record", payload="next").exists())
+    assert "no longer touched" not in w.output()

@@ -29,8 +29,10 @@ class Completer:
 
     Each batch is whatever arrived while the last one was written; finished jobs are deleted in
     one statement. An outcome is retried while its lease may still be ours; after that, recovery
-    runs the job again (tests/test_faults.py).
+    runs the job again (tests/test_faults.py). Each batch is a turn (shared.progress).
     """
+
+    ROLE = "rws-completer"
 
     def __init__(self, shared: Shared):
         self.shared = shared
@@ -49,6 +51,7 @@ class Completer:
     def run_once(self) -> bool:
         """Record one batch, and the counters at most every FLUSH_EVERY seconds; False when
         told to stop (the counters written last)."""
+        self.shared.progress.turn(self.ROLE)
         try:
             batch = [self.shared.results.get(timeout=FLUSH_EVERY)]
         except queue.Empty:

@@ -27,7 +27,12 @@ SQLITE_WATCH_INTERVAL = 0.002
 class Dispatcher:
     """Claim due jobs for idle executors; on SQLite, delete the succeeded ones in the same
     transaction (features.deletes_with_claim). With ``burst`` it stops once nothing is due and
-    nothing runs; with ``max_jobs`` once it claimed that many and they are done."""
+    nothing runs; with ``max_jobs`` once it claimed that many and they are done.
+
+    Each claim round is a turn (shared.progress); waiting for an idle executor and the idle
+    waits are waits by design."""
+
+    ROLE = "rws-dispatcher"
 
     def __init__(
         self,
@@ -80,16 +85,19 @@ class Dispatcher:
         with the claim; None when the dispatcher is to stop."""
         shared = self.shared
         with shared.cond:
-            while shared.free == 0 and not shared.stop.is_set():
-                shared.cond.wait(0.5)
+            if shared.free == 0:
+                with shared.progress.waiting(self.ROLE):  # the executors run jobs
+                    while shared.free == 0 and not shared.stop.is_set():
+                        shared.cond.wait(0.5)
             if shared.recent_run is not None and shared.free < shared.threads:
                 self._gather(shared.recent_run)
             n = shared.free
             if self.max_jobs is not None:
                 n = min(n, self.max_jobs - self.claimed_total)
                 if n <= 0:  # claimed all it may: stop once they are done
-                    while shared.free < shared.threads and not shared.stop.is_set():
-                        shared.cond.wait(0.5)
+                    with shared.progress.waiting(self.ROLE):
+                        while shared.free < shared.threads and not shared.stop.is_set():
+                            shared.cond.wait(0.5)
                     shared.stop_all()
                     return None
             finished, shared.finished = shared.finished, []
@@ -118,6 +126,7 @@ class Dispatcher:
         """Claim once, then wait if nothing was due. Returns whether the next claim is to look
         with read-only statements first (nothing was due and no hint came), or None to stop."""
         shared = self.shared
+        shared.progress.turn(self.ROLE)
         size = self._claim_size()
         if size is None:
             return None
@@ -224,14 +233,16 @@ class Dispatcher:
             if not busy and shared.free == shared.threads:
                 shared.stop_all()  # nothing due and nothing running
                 return None
-            shared.cond.wait(self.poll_interval)  # a running job may enqueue more
+            with shared.progress.waiting(self.ROLE):
+                shared.cond.wait(self.poll_interval)  # a running job may enqueue more
         return True
 
     def _idle_wait(self) -> bool:
         """Wait until woken or POLL_INTERVAL passes; True when woken by a hint."""
-        if self.features.wakeup == "data_version":
-            return self._watch_data_version()
-        return self.shared.wake.wait(self.poll_interval)
+        with self.shared.progress.waiting(self.ROLE):
+            if self.features.wakeup == "data_version":
+                return self._watch_data_version()
+            return self.shared.wake.wait(self.poll_interval)
 
     def _watch_data_version(self) -> bool:
         """Wait as _idle_wait does, and also until another connection commits to the SQLite file:

@@ -33,7 +33,10 @@ class LeaseKeeper:
     tries again, long before the lease runs out); every RECOVERY_INTERVAL, take back the jobs of
     lost workers and prune task results past their retention (tasks/prune.py). It runs until
     ``done`` is set, after the completer recorded the last outcomes
-    (tests/test_worker.py::test_sigterm_lets_the_running_job_finish_and_exits_0)."""
+    (tests/test_worker.py::test_sigterm_lets_the_running_job_finish_and_exits_0). Each round is
+    a turn (shared.progress)."""
+
+    ROLE = "rws-keeper"
 
     def __init__(self, shared: Shared, registration: Registration | None = None):
         self.shared = shared
@@ -57,6 +60,7 @@ class LeaseKeeper:
             connections.close_all()
 
     def run_once(self) -> None:
+        self.shared.progress.turn(self.ROLE)
         with self.shared.held_lock:
             held = list(self.shared.held.values())
         tokens = sorted({job.token for job in held})

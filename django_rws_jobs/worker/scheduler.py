@@ -12,6 +12,7 @@ from .. import clock
 from ..declared_schedules import Schedule, valid_schedules
 from ..reconnect import Connection, Retry
 from ..schedules import tick_schedules
+from .shared import Progress
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -24,21 +25,26 @@ class Scheduler:
     (tests/test_schedules.py::test_the_scheduler_thread_reconnects_after_losing_its_connection).
     """
 
-    def __init__(self, stop: threading.Event, alias: str):
+    ROLE = "rws-scheduler"
+
+    def __init__(self, stop: threading.Event, alias: str, progress: Progress | None = None):
         self.stop = stop
         self.alias = alias
         self.db = Retry(Connection(alias, private=False), stop)
+        self.progress = Progress() if progress is None else progress  # each tick a turn
 
     def loop(self) -> None:
         schedules = valid_schedules()
         if not schedules:
-            self.stop.wait()  # stay alive: the worker restarts a scheduler thread that returns early
+            with self.progress.waiting(self.ROLE):
+                self.stop.wait()  # stay alive: the worker restarts a scheduler thread that returns early
             return
         logger.info(
             "scheduler running %d schedule(s): %s", len(schedules), ", ".join(s.name for s in schedules)
         )
         try:
             while True:
+                self.progress.turn(self.ROLE)
                 self.run_once(schedules)
                 if self.stop.wait(1.0 - (clock.now(self.alias) % 1.0) + 0.005):
                     break

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +76,39 @@ def fix_hint(exc: BaseException) -> str:
     return ""
 
 
+class Progress:
+    """When each watched role of a worker last began a turn of its loop (``time.monotonic()``).
+
+    The supervisor touches the heartbeat file only while every watched role began a turn within
+    its bound, so a role stuck (on a database lock, a Python lock) lets the file go stale while
+    the process lives (tests/test_health.py
+    test_the_heartbeat_file_goes_stale_while_a_role_is_stuck). A role that waits by design for
+    as long as it takes (an idle poll, executors all busy, the scheduler without schedules, the
+    watchdog until its next deadline) marks that wait with ``waiting``: it makes progress until
+    the wait ends. Each mark is one dict assignment, atomic under the GIL: no lock.
+    """
+
+    def __init__(self) -> None:
+        self.turns: dict[str, float] = {}
+
+    def turn(self, role: str) -> None:
+        self.turns[role] = time.monotonic()
+
+    @contextmanager
+    def waiting(self, role: str) -> Iterator[None]:
+        """A wait by design: progress whatever its length; a turn when it ends."""
+        self.turns[role] = math.inf
+        try:
+            yield
+        finally:
+            self.turns[role] = time.monotonic()
+
+    def stalled(self, bound: float) -> list[tuple[str, float]]:
+        """(role, seconds since its last turn began) of the roles past ``bound``, by name."""
+        now = time.monotonic()
+        return sorted((role, now - at) for role, at in list(self.turns.items()) if now - at > bound)
+
+
 class Shared:
     """What the roles of one worker share.
 
@@ -105,6 +141,7 @@ class Shared:
         self.abandoned: set[int] = set()
         self.stats = Stats()
         self.counters = Counters()  # per minute, queue and job type: written by the completer
+        self.progress = Progress()  # the watched roles' turns: the heartbeat file's (supervisor.py)
         self.exit_code = 0
         # Seconds a job takes from hand-out to outcome, a moving average kept by the process
         # pool's executors (None: not measured): the dispatcher's gather window (dispatcher.py).

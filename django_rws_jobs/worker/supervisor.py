@@ -26,7 +26,7 @@ from ..runner import recover
 from ..schedules import tick_schedules
 from ..store import Claimed
 from ..validation import INT32_MAX, INT64_MAX, integer, queue_list
-from ..worker_rows import Registration, heartbeat_interval, touch
+from ..worker_rows import DEAD_AFTER, Registration, heartbeat_interval, touch
 from .cancels import CancelWatcher
 from .completer import Completer, record_late_outcomes
 from .dispatcher import Dispatcher
@@ -45,6 +45,10 @@ logger = logging.getLogger("django_rws_jobs")
 #: (tests/test_worker.py::test_a_thread_that_keeps_dying_is_restarted_later_each_time).
 RESPAWN_QUICK = 10.0
 RESPAWN_DELAY_MAX = 30.0
+#: The roles whose turns keep the heartbeat file fresh (shared.Progress). Executors are not among
+#: them: one runs a job (its time limit covers it) or waits for one. Nor are the listener, a
+#: wake-up hint the dispatcher's polling stands in for, and the cancel watcher.
+WATCHED = frozenset({Dispatcher.ROLE, Completer.ROLE, LeaseKeeper.ROLE, Scheduler.ROLE, Watchdog.ROLE})
 
 
 class Worker:
@@ -84,6 +88,7 @@ class Worker:
         self.registration = Registration(worker_id(), self.queues, pool, self.threads, heartbeat_interval())
         self.heartbeat_file = heartbeat_file
         self._touched = -math.inf  # time.monotonic() of the heartbeat file's last touch
+        self._stalled: frozenset[str] = frozenset()  # the roles past the bound, as last logged
         self._threads: dict[str, threading.Thread] = {}
         self._started: dict[str, float] = {}  # role -> time.monotonic() of its thread's start
         self._signals = 0
@@ -202,12 +207,12 @@ class Worker:
             roles: dict[str, Callable[[], None]] = {
                 f"rws-job-{i}": lambda: Executor(shared, self._watchdog).loop() for i in range(self.threads)
             }
-            roles["rws-timeouts"] = self._watchdog.loop
+            roles[Watchdog.ROLE] = self._watchdog.loop
         else:
             roles = {
                 f"rws-job-{i}": lambda: ProcessExecutor(shared, pool).loop() for i in range(self.threads)
             }
-        roles["rws-dispatcher"] = lambda: Dispatcher(
+        roles[Dispatcher.ROLE] = lambda: Dispatcher(
             shared,
             self.features,
             queues=self.queues,
@@ -215,11 +220,11 @@ class Worker:
             max_jobs=self.max_jobs,
             poll_interval=self.poll_interval,
         ).loop()
-        roles["rws-completer"] = lambda: Completer(shared).loop()
-        roles["rws-keeper"] = self._keeper.loop
+        roles[Completer.ROLE] = lambda: Completer(shared).loop()
+        roles[LeaseKeeper.ROLE] = self._keeper.loop
         roles["rws-cancels"] = self._cancels.loop
         if self.run_schedules and not self.burst:
-            roles["rws-scheduler"] = lambda: Scheduler(shared.stop, self.alias).loop()
+            roles[Scheduler.ROLE] = lambda: Scheduler(shared.stop, self.alias, shared.progress).loop()
         if self.features.wakeup == "listen" and not self.burst:
             roles["rws-listener"] = lambda: Listener(shared.stop, shared.wake, self.alias).loop()
         return roles
@@ -235,6 +240,8 @@ class Worker:
         t = threading.Thread(target=guarded, name=name, daemon=True)
         self._threads[name] = t
         self._started[name] = time.monotonic()
+        if name in WATCHED:
+            self.shared.progress.turn(name)  # its start is a turn: one stuck before its first is seen
         t.start()
 
     def _supervise(self, roles: dict[str, Callable[[], None]]) -> None:
@@ -264,15 +271,37 @@ class Worker:
                     self._spawn(name, roles[name])
 
     def _touch_heartbeat_file(self) -> None:
-        """Keep ``--heartbeat-file`` fresh, once a heartbeat interval, while this loop runs:
-        ``rws_health --heartbeat-file`` tells a live worker without the database."""
+        """Keep ``--heartbeat-file`` fresh, once a heartbeat interval, while every watched role
+        began a turn within three heartbeat intervals (LEASE_SECONDS, the probe's own limit):
+        ``rws_health --heartbeat-file`` tells a worker that makes progress without the database
+        (tests/test_health.py::test_the_heartbeat_file_goes_stale_while_a_role_is_stuck)."""
         if self.heartbeat_file is None or time.monotonic() - self._touched < self.registration.interval:
+            return
+        bound = DEAD_AFTER * self.registration.interval
+        stalled = self.shared.progress.stalled(bound)
+        self._report_stalls(stalled, bound)
+        if stalled:
             return
         try:
             touch(self.heartbeat_file)
             self._touched = time.monotonic()
         except OSError as exc:
             logger.error("could not touch the heartbeat file %s: %s", self.heartbeat_file, exc)
+
+    def _report_stalls(self, stalled: list[tuple[str, float]], bound: float) -> None:
+        """Log once (ERROR) each role that stops the heartbeat file's touches, and once that they
+        all make progress again."""
+        names = frozenset(role for role, _ in stalled)
+        if names - self._stalled:
+            logger.error(
+                "heartbeat file %s no longer touched: %s, over %gs (LEASE_SECONDS): the worker is stuck",
+                self.heartbeat_file,
+                ", ".join(f"{role}'s last turn began {age:.1f}s ago" for role, age in stalled),
+                bound,
+            )
+        elif self._stalled and not names:
+            logger.warning("heartbeat file %s touched again: every role makes progress", self.heartbeat_file)
+        self._stalled = names
 
     def _replace_abandoned(self, roles: dict[str, Callable[[], None]]) -> None:
         """Start a new executor thread in place of each one the watchdog abandoned (it runs on,

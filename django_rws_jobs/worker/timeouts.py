@@ -54,6 +54,8 @@ class Watchdog:
     """Raise JobTimeout in executor threads whose job ran past its limit; abandon the ones that
     do not stop within ``grace`` seconds."""
 
+    ROLE = "rws-timeouts"
+
     def __init__(self, shared: Shared, grace: float):
         self.shared = shared
         self.grace = grace
@@ -109,15 +111,20 @@ class Watchdog:
         self.wake.put(None)
 
     def loop(self) -> None:
+        """Each look is a turn (shared.progress); the waits between them are waits by design,
+        until the next deadline or watch."""
+        progress = self.shared.progress
         while not self.closed:
+            progress.turn(self.ROLE)
             with self.lock:
                 wait = self.run_once(time.monotonic())
-            try:
-                self.wake.get(timeout=wait)
-                while True:
-                    self.wake.get_nowait()
-            except queue.Empty:
-                pass
+            with progress.waiting(self.ROLE):
+                try:
+                    self.wake.get(timeout=wait)
+                    while True:
+                        self.wake.get_nowait()
+                except queue.Empty:
+                    pass
 
     def run_once(self, now: float) -> float | None:
         """Interrupt and abandon what is due at ``now`` (the caller holds ``lock``); return the
