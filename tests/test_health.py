@@ -68,7 +68,8 @@ def stall_a_key(due_ago: int) -> str:
     first = rws.enqueue("test.keyed", "first", concurrency_key="k")
     second = rws.enqueue("test.keyed", "second", concurrency_key="k")
     Job.objects.filter(id__in=[first, second]).update(next_run_at=now - due_ago)
-    assert promote(Store(connection), ["k"], now) == 1
+    promote(Store(connection), ["k"], now)  # (enqueue promoted the first at its commit)
+    assert Job.objects.get(id=first).status == "pending"
     with connection.cursor() as c:  # the seed's claim, then its move to the dead-letter list
         c.execute("UPDATE rws_jobs SET status = 'running' WHERE id = %s AND status = 'pending'", [first])
         c.execute(

@@ -42,6 +42,8 @@ def requested(store: object, ids: list[str]) -> set[tuple[str, str]]:
 
 
 class CancelWatcher:
+    ROLE = "rws-cancels"
+
     def __init__(self, shared: Shared):
         self.shared = shared
         self.done = threading.Event()  # set at shutdown, once the last outcomes are recorded
@@ -53,6 +55,7 @@ class CancelWatcher:
     def loop(self) -> None:
         try:
             while not self.done.wait(CHECK_INTERVAL):
+                self.shared.progress.turn(self.ROLE)  # a pass a CHECK_INTERVAL (the heartbeat file)
                 try:
                     self.run_once(time.monotonic())
                 except DatabaseError:

@@ -48,7 +48,9 @@ RESPAWN_DELAY_MAX = 30.0
 #: The roles whose turns keep the heartbeat file fresh (shared.Progress). Executors are not among
 #: them: one runs a job (its time limit covers it) or waits for one. Nor are the listener, a
 #: wake-up hint the dispatcher's polling stands in for, and the cancel watcher.
-WATCHED = frozenset({Dispatcher.ROLE, Completer.ROLE, LeaseKeeper.ROLE, Scheduler.ROLE, Watchdog.ROLE})
+WATCHED = frozenset(
+    {Dispatcher.ROLE, Completer.ROLE, LeaseKeeper.ROLE, Scheduler.ROLE, Watchdog.ROLE, CancelWatcher.ROLE}
+)
 
 
 class Worker:
@@ -222,7 +224,7 @@ class Worker:
         ).loop()
         roles[Completer.ROLE] = lambda: Completer(shared).loop()
         roles[LeaseKeeper.ROLE] = self._keeper.loop
-        roles["rws-cancels"] = self._cancels.loop
+        roles[CancelWatcher.ROLE] = self._cancels.loop
         if self.run_schedules and not self.burst:
             roles[Scheduler.ROLE] = lambda: Scheduler(shared.stop, self.alias, shared.progress).loop()
         if self.features.wakeup == "listen" and not self.burst:

@@ -123,7 +123,7 @@ def _add_run_arguments(parser: CommandParser) -> None:
         "--heartbeat-file",
         default=None,
         metavar="PATH",
-        help="touch this file once a heartbeat interval while the worker lives, for "
+        help="touch this file once a heartbeat interval while the worker's roles make progress, for "
         "`rws_health --heartbeat-file PATH` (a liveness probe that needs no database)",
     )
 
