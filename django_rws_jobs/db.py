@@ -32,6 +32,10 @@ def thread_connected() -> bool:
 def configure_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
     """Set up new connections as their database's backend says (backends.*.configure_session)."""
     _thread.connected = True
+    if getattr(connection, "rws_private", False):
+        from .deadline import remember_socket
+
+        remember_socket(connection)
     backend_for(connection).configure_session()
 
 

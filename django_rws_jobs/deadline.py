@@ -34,7 +34,7 @@ TICK = 0.5
 class Watch:
     """One thread's statements on one connection: ``start()`` before, ``done()`` after."""
 
-    __slots__ = ("__weakref__", "conn", "fd", "raw", "since", "what")
+    __slots__ = ("__weakref__", "conn", "fd", "raw", "since", "uncut", "what")
 
     def __init__(self) -> None:
         self.conn: BaseDatabaseWrapper | None = None
@@ -42,6 +42,7 @@ class Watch:
         self.fd: int | None = None
         self.since = 0.0  # time.monotonic() of the statement under way; 0.0: none
         self.what = ""
+        self.uncut = False  # the watcher found this statement late and could not cut it yet
 
     def start(self, conn: BaseDatabaseWrapper, what: str) -> None:
         self.conn, self.what = conn, what
@@ -51,6 +52,7 @@ class Watch:
             # to another thread while a statement is under way.
             self.raw, self.fd = raw, (socket_of(raw) if raw is not None else None)
         self.since = time.monotonic()
+        self.uncut = False
 
     def done(self) -> None:
         self.since = 0.0
@@ -89,12 +91,25 @@ def socket_of(raw: Any) -> int | None:
     return fd if isinstance(fd, int) and fd >= 0 else None
 
 
+def remember_socket(conn: BaseDatabaseWrapper) -> None:
+    """Keep the socket of a connection just opened, asked in the thread that opened it (the
+    connection_created signal): a call watched since before its connection was opened can then
+    still be cut, although mysqlclient refuses fileno() to the watcher's thread while the call
+    is under way (tests/test_dead_connections.py::test_a_call_watched_from_before_its_connect_can_be_cut)."""
+    raw = conn.connection
+    conn.rws_socket = (raw, socket_of(raw) if raw is not None else None)
+
+
 def cut(conn: BaseDatabaseWrapper, known: Watch | None = None) -> bool:
     """Shut down ``conn``'s socket, so that a call blocked on it fails at once. True if cut.
-    ``known`` gives the socket as its owner found it, if that is still the connection's."""
+    ``known`` gives the socket as its owner found it, if that is still the connection's; else the
+    socket remembered when the connection was opened (remember_socket)."""
     raw = conn.connection
+    remembered = getattr(conn, "rws_socket", (None, None))
     if known is not None and raw is not None and raw is known.raw and known.fd is not None:
         fd: int | None = known.fd
+    elif raw is not None and raw is remembered[0] and remembered[1] is not None:
+        fd = remembered[1]
     else:
         fd = socket_of(raw) if raw is not None else None
     if fd is None:
@@ -132,7 +147,14 @@ def _run() -> None:
                     limit,
                     w.what,
                 )
-            w.since = 0.0
+                w.since = 0.0
+            elif not w.uncut:  # no socket to cut yet (a connect under way): tried again each TICK
+                w.uncut = True
+                logger.warning(
+                    "no answer from the database within %ss while %s, and no socket to close yet",
+                    limit,
+                    w.what,
+                )
 
 
 __all__ = ["TICK", "Watch", "cut", "socket_of", "watch"]

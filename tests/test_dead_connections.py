@@ -136,3 +136,49 @@ def test_a_partition_of_three_leases_loses_nothing_and_the_worker_goes_on(tmp_pa
     assert not Job.objects.filter(status="failed").exists()
     assert cut_off.output().count("its lease ran out") == 1  # once per job
     assert cut_off.proc.poll() is None and other.proc.poll() is None
+
+
+def test_a_call_watched_from_before_its_connect_can_be_cut():
+    """A worker's call on a connection not opened yet (its first, or the first after a
+    reconnect) opens it inside its watch; a statement that then hangs is cut all the same.
+    mysqlclient refuses fileno() to the watcher's thread while the statement runs: the socket is
+    the one kept when the connection was opened (deadline.remember_socket)."""
+    import threading
+
+    from django_rws_jobs import deadline
+    from django_rws_jobs.reconnect import Connection
+
+    opened = threading.Event()
+    found: dict = {}
+
+    def hang() -> None:
+        conn = Connection(connection.alias).connection()
+        watch = deadline.Watch()
+        watch.start(conn, "a test's statement")  # before the connect: no socket known to it
+        found.update(conn=conn, watch=watch)
+        started = time.monotonic()
+        try:
+            with conn.cursor() as c:
+                opened.set()
+                c.execute("SELECT SLEEP(20)" if connection.vendor == "mysql" else "SELECT pg_sleep(20)")
+            found["error"] = None
+        except Exception as exc:  # noqa: BLE001  (the driver's lost connection)
+            found["error"] = exc
+        finally:
+            found["seconds"] = time.monotonic() - started
+            conn.close()
+
+    t = threading.Thread(target=hang)
+    t.start()
+    assert opened.wait(30)
+    time.sleep(0.5)  # the statement is under way
+    assert deadline.cut(found["conn"], found["watch"]) is True
+    t.join(30)
+    assert found["error"] is not None and found["seconds"] < 10, found
+    if connection.vendor == "postgresql":  # the server runs the sleep on until it would answer
+        with connection.cursor() as c:
+            c.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                "current_database() AND pid <> pg_backend_pid() AND query LIKE %s",
+                ["%pg_sleep(20)%"],
+            )
