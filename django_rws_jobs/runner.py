@@ -121,6 +121,8 @@ class Watch:
     executor keeps that outcome: a handler that finished stays done
     (tests/test_cancel.py::test_a_cancel_that_reaches_a_handler_after_it_returned_leaves_it_done).
     A handler that returns a value (checked by call_handler) counts as returned once it passed.
+    A django.tasks task's function marks itself the same way as soon as it returns (a Returned,
+    tasks/rows.py run_task), before its value is turned into the result.
     """
 
     __slots__ = ("job", "outcome")
@@ -134,6 +136,27 @@ class Watch:
     def start(self, job: Claimed) -> None:
         self.job, self.outcome = job, None
 
+    def result(self) -> tuple[Any, str | None]:
+        """The outcome of a handler that has returned, for an executor whose JobCancelled landed
+        after the return: a row runner's (Returned) is built now."""
+        assert self.outcome is not None
+        error, tb = self.outcome
+        if isinstance(error, Returned):
+            return error.build(), None
+        return error, tb
+
+
+class Returned:
+    """What a row runner stores as its Watch's outcome error as soon as its function has returned,
+    before it turns the return value into the outcome (tasks/rows.py): ``build()`` does that, and
+    the executor calls it when a JobCancelled raised just before the return lands in the building
+    (Watch.result). Building twice gives the same outcome."""
+
+    __slots__ = ()
+
+    def build(self) -> Any:
+        raise NotImplementedError
+
 
 #: A handler's success, as Watch.outcome and execute return it.
 SUCCEEDED: tuple[Any, str | None] = (None, None)
@@ -146,15 +169,19 @@ def watch(handlers: Watch | None) -> None:
     _watches.current = handlers
 
 
+def watching(job: Claimed) -> Watch | None:
+    """The calling thread's Watch if it watches ``job``, else None."""
+    handlers: Watch | None = getattr(_watches, "current", None)
+    return handlers if handlers is not None and handlers.job is job else None
+
+
 def execute(job: Claimed) -> tuple[Any, str | None]:
     """Call the job's handler outside any transaction; return (error, traceback) or (None, None).
 
     A row no handler serves but a row runner does (a django.tasks row) returns that runner's
     outcome as its error, which ``record`` hands back to the runner. The thread's Watch (if any)
     gets the outcome as soon as the handler has returned."""
-    handlers: Watch | None = getattr(_watches, "current", None)
-    if handlers is not None and handlers.job is not job:
-        handlers = None
+    handlers = watching(job)
     spec = registry.get(job.job_type)
     if spec is None:
         rows = registry.row_runner(job.job_type)

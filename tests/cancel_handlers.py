@@ -43,8 +43,13 @@ def linger_after_return(payload: str) -> None:
     ``payload``; it creates ``returned`` there once it is held. A profile function does the
     holding: it runs after the handler's frame is gone, so what interrupts it there interrupts
     the worker's clean-up, not the handler."""
-    directory = Path(payload)
     _trace("done", payload)
+    sys.setprofile(hold_after_return(Path(payload)))
+
+
+def hold_after_return(directory: Path):
+    """The profile function of a handler (or task) that lingers after its return: set it as the
+    handler's last call, so that the first return it sees is the handler's own."""
     returned = False
 
     def hold(frame, event, arg):
@@ -57,4 +62,4 @@ def linger_after_return(payload: str) -> None:
             while not (directory / "go").exists():
                 time.sleep(0.01)
 
-    sys.setprofile(hold)
+    return hold

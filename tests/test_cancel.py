@@ -3,11 +3,14 @@ admin's action, and real workers stopping running handlers (thread and process p
 
 import logging
 import signal
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, connections
 from django.urls import reverse
 
 import django_rws_jobs as rws
@@ -18,6 +21,9 @@ from django_rws_jobs.models import Job
 from django_rws_jobs.runner import WORKER_LOST, Watch, execute, record, recover, watch
 from django_rws_jobs.signals import job_cancelled
 from django_rws_jobs.store import Store
+from django_rws_jobs.worker.executor import Executor
+from django_rws_jobs.worker.timeouts import async_raise
+from tests.cancel_handlers import hold_after_return
 from tests.test_worker import WorkerProcess, wait_for
 from tests.testapp.models import Run
 
@@ -418,3 +424,73 @@ def test_a_task_that_succeeds_after_its_cancels_sigterm_reads_successful(tmp_pat
     assert got.status == compat.TaskResultStatus.SUCCESSFUL, (got.errors, w.output())
     assert got.return_value == "survived"
     assert Run.objects.filter(kind="task-caught").exists()
+
+
+if task is not None:
+
+    @task
+    def linger_after_return_task(directory: str) -> str:
+        """cancel.linger_after_return as a task: it returns ``"done"``, then holds the worker at
+        the first Python call after its return, where the worker builds the task's result."""
+        _trace("task-done", directory)
+        sys.setprofile(hold_after_return(Path(directory)))
+        return "done"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool", ["threads", "processes"])
+def test_a_cancel_that_reaches_a_task_after_it_returned_leaves_it_successful(tmp_path, started, pool):
+    """As for a handler: the task has returned and the worker is held where it builds the
+    result when the watcher acts on the request. The result reads SUCCESSFUL, with the value."""
+    compat = pytest.importorskip("django_rws_jobs.tasks.compat")
+    w = WorkerProcess(
+        tmp_path,
+        "--pool",
+        pool,
+        jobs={**FAST, "TIMEOUT_GRACE": 60},  # no SIGKILL while the child finishes
+        env={"RWS_LOG_LEVEL": "INFO"},
+    )
+    started.append(w)
+    result = linger_after_return_task.enqueue(str(tmp_path))
+    wait_for(lambda: (tmp_path / "returned").exists(), 30, what=w.output())
+    assert rws.cancel(result.id)
+    acted = f"job {result.id} (django.tasks:tests.test_cancel.linger_after_return_task): cancel requested"
+    wait_for(lambda: acted in w.output(), 10, what=w.output())
+    (tmp_path / "go").touch()
+    wait_for(lambda: not Job.objects.filter(id=result.id, status="running").exists(), 20, what=w.output())
+    got = linger_after_return_task.get_result(result.id)
+    assert got.status == compat.TaskResultStatus.SUCCESSFUL, (got.errors, w.output())
+    assert got.return_value == "done"
+    assert not Job.objects.exists()
+
+
+def test_a_cancel_raised_just_before_a_task_returned_leaves_it_successful(tmp_path):
+    """The watcher found the task running and raised JobCancelled, which lands after the return,
+    where the worker builds the result: the executor builds it again, and the task is done."""
+    compat = pytest.importorskip("django_rws_jobs.tasks.compat")
+    store = Store(connection)
+    result = linger_after_return_task.enqueue(str(tmp_path))
+    [job] = claim(store)
+    assert rws.cancel(result.id)  # running: asked
+    executor = Executor(shared=None)  # type: ignore[arg-type]  (execute needs none)
+    got = []
+
+    def run():
+        watch(executor.handlers)
+        try:
+            got.append(executor.execute(job))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: (tmp_path / "returned").exists(), 10, what="the task to return")
+    with executor.cancel_lock:  # what cancel() does when it finds the handler still running
+        executor.cancel_raised = True
+        async_raise(executor.ident, rws.JobCancelled)
+    (tmp_path / "go").touch()
+    thread.join(10)
+    [(abandoned, outcome, tb)] = got
+    assert record(store, job, outcome, tb) == "done"
+    got = linger_after_return_task.get_result(result.id)
+    assert (got.status, got.return_value) == (compat.TaskResultStatus.SUCCESSFUL, "done"), got.errors

@@ -15,7 +15,7 @@ from django.db import connections
 
 from .. import clock
 from ..registry import TASK_PREFIX
-from ..runner import _close_old_connections
+from ..runner import Returned, _close_old_connections, watching
 from ..store import Claimed, Store
 from . import history
 from .errors import TaskNotFound
@@ -59,7 +59,13 @@ class TaskRows:
 
 
 def run_task(job: Claimed) -> TaskOutcome:
-    """Call the task with its arguments (and a TaskContext), outside any transaction."""
+    """Call the task with its arguments (and a TaskContext), outside any transaction.
+
+    Once the task's function has returned, the task is done, whatever cancel lands: the thread's
+    Watch (runner.Watch) gets the Returned mark by plain stores right after the return, so the
+    cancel watcher leaves the job alone and a JobCancelled raised just before lands in the
+    building of the result, which the executor then does again (Watch.result)
+    (tests/test_cancel.py::test_a_cancel_that_reaches_a_task_after_it_returned_leaves_it_successful)."""
     compat, results = framework()
     started = clock.now()
     try:
@@ -71,6 +77,8 @@ def run_task(job: Claimed) -> TaskOutcome:
         return TaskOutcome(None, started, clock.now(), error=error_of(failure))
     send_robustly(compat.task_started, result)
     task = result.task
+    handlers = watching(job)
+    returned = TaskReturned(job, result, started)
     try:
         func = task.func
         call_args = (
@@ -80,16 +88,43 @@ def run_task(job: Claimed) -> TaskOutcome:
             value = async_to_sync(func)(*call_args, **result.kwargs)
         else:
             value = func(*call_args, **result.kwargs)
-        text = history.dumps(compat.normalize_json(value))
     except BaseException as exc:  # noqa: BLE001  (every failure is the task's, as Django records it)
+        return returned.failed(exc)
+    returned.value = value
+    if handlers is not None:
+        handlers.outcome = (returned, None)
+    return returned.build()
+
+
+class TaskReturned(Returned):
+    """A task whose function has returned ``value``; ``build`` makes its outcome: the value as
+    JSON, or the failure to make it one."""
+
+    __slots__ = ("job", "result", "started", "value")
+
+    def __init__(self, job: Claimed, result: Any, started: float) -> None:
+        self.job, self.result, self.started, self.value = job, result, started, None
+
+    def build(self) -> TaskOutcome:
+        try:
+            text = history.dumps(framework()[0].normalize_json(self.value))
+        except Exception as exc:  # a value that is no JSON: the task's failure, as Django records it
+            return self.failed(exc)
+        object.__setattr__(self.result, "_return_value", history.load_value(text))
+        return TaskOutcome(self.result, self.started, clock.now(), value=text)
+
+    def failed(self, exc: BaseException) -> TaskOutcome:
+        result = self.result
         logger.error(
-            "task %s (%s) failed on attempt %d", job.id, task.module_path, result.attempts, exc_info=True
+            "task %s (%s) failed on attempt %d",
+            self.job.id,
+            result.task.module_path,
+            result.attempts,
+            exc_info=exc,
         )
-        outcome = TaskOutcome(result, started, clock.now(), error=error_of(exc), exc=exc)
-        object.__setattr__(result, "status", compat.TaskResultStatus.FAILED)
+        outcome = TaskOutcome(result, self.started, clock.now(), error=error_of(exc), exc=exc)
+        object.__setattr__(result, "status", framework()[0].TaskResultStatus.FAILED)
         return outcome
-    object.__setattr__(result, "_return_value", history.load_value(text))
-    return TaskOutcome(result, started, clock.now(), value=text)
 
 
 def _running_row(job: Claimed, started: float) -> tuple[Any, ...]:

@@ -99,7 +99,7 @@ class Executor:
             self._stop_cancels()
             if self.handlers.outcome is not None:
                 _close_old_connections()  # the clean-up it cut short
-                return (False, *self.handlers.outcome)
+                return (False, *self.handlers.result())
             tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
             if self.cancel_raised:
                 return False, Cancelled(cancel_message(None, running=True)), tb
