@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import math
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -81,16 +82,19 @@ def describe(exc: BaseException) -> str:
     return storable(f"{type(exc).__name__}: {message}", ERROR_MAX)
 
 
-def call_handler(func: Callable[[str], Any], payload: str, is_async: bool) -> None:
+def call_handler(
+    func: Callable[[str], Any], payload: str, is_async: bool, job: Claimed | None = None
+) -> None:
     """Run a handler to completion in the calling thread.
 
-    An ``async def`` handler runs on an event loop of its own (``async_to_sync``, as Django runs
-    async views from sync code). Whatever else a handler returns that would have to be awaited or
-    iterated to run its body (a coroutine, a generator) fails the job: returning it is not
-    running it. Pinned by tests/test_faults.py::test_async_handlers_run_and_generators_fail.
+    An ``async def`` handler runs on an event loop of its own (``run_async``: ``async_to_sync``,
+    as Django runs async views from sync code), where a stop of ``job`` reaches it (AsyncRun).
+    Whatever else a handler returns that would have to be awaited or iterated to run its body (a
+    coroutine, a generator) fails the job: returning it is not running it. Pinned by
+    tests/test_faults.py::test_async_handlers_run_and_generators_fail.
     """
     if is_async:  # JobSpec.is_async
-        async_to_sync(func)(payload)
+        run_async(job, func, (payload,), {})
         return
     result = func(payload)
     if result is None:
@@ -125,16 +129,21 @@ class Watch:
     tasks/rows.py run_task), before its value is turned into the result.
     """
 
-    __slots__ = ("job", "outcome")
+    __slots__ = ("aio", "job", "lock", "outcome")
 
     def __init__(self) -> None:
         # The job it watches: a job that its handler runs by tick() leaves it alone
         # (tests/test_cancel.py::test_a_job_run_inside_a_handler_does_not_mark_the_outer_handler_returned).
         self.job: Claimed | None = None
         self.outcome: tuple[Any, str | None] | None = None
+        # The job's async def handler (or task) once it is about to run on its event loop: from
+        # then on the executor stops it through this, not in the thread (AsyncRun). Set under
+        # ``lock``, which the executor holds when it decides how to stop the job.
+        self.aio: AsyncRun | None = None
+        self.lock = threading.Lock()  # a plain Lock: entered by C code only
 
     def start(self, job: Claimed) -> None:
-        self.job, self.outcome = job, None
+        self.job, self.outcome, self.aio = job, None, None
 
     def result(self) -> tuple[Any, str | None]:
         """The outcome of a handler that has returned, for an executor whose JobCancelled landed
@@ -152,10 +161,98 @@ class Returned:
     the executor calls it when a JobCancelled raised just before the return lands in the building
     (Watch.result). Building twice gives the same outcome."""
 
-    __slots__ = ()
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value: Any = None  # what the function returned
 
     def build(self) -> Any:
         raise NotImplementedError
+
+
+class AsyncRun:
+    """An ``async def`` handler or task that a thread runs (``run_async``) on an event loop of its
+    own, in a thread of asgiref's, and how a stop reaches it there.
+
+    The calling thread waits in a C call while the coroutine runs, where a JobCancelled raised in
+    that thread does not land; ``stop`` cancels the coroutine's asyncio task on its loop instead,
+    so asyncio.CancelledError reaches the coroutine at its next await, and the run then raises
+    ``stop``'s exception (from that CancelledError) in the calling thread
+    (tests/test_cancel.py::test_cancelling_a_running_async_handler_stops_it_at_its_await). A
+    stop that comes before the coroutine starts makes the run raise at once, the handler unrun;
+    one that comes once the coroutine has returned does nothing: the Watch is marked first, on
+    the loop, where no exception or signal handler interrupts (only a process's main thread runs
+    signal handlers, and nothing raises in the loop's thread)."""
+
+    __slots__ = ("lock", "loop", "stopping", "task")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.stopping: BaseException | None = None
+
+    def stop(self, exc: BaseException) -> None:
+        """Stop the coroutine with ``exc`` (from any thread); the first stop wins."""
+        with self.lock:
+            if self.stopping is not None:
+                return
+            self.stopping = exc
+            loop, task = self.loop, self.task
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # its loop is closed: the coroutine has ended
+                pass
+
+    async def run(
+        self,
+        func: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        handlers: Watch | None,
+        returned: Returned | None,
+    ) -> Any:
+        with self.lock:
+            self.loop, self.task = asyncio.get_running_loop(), asyncio.current_task()
+            stopping = self.stopping
+        if stopping is not None:
+            raise stopping
+        try:
+            value = await func(*args, **kwargs)
+        except asyncio.CancelledError as exc:
+            if self.stopping is None:
+                raise
+            raise self.stopping from exc
+        if handlers is not None:  # returned: it stays done (Watch)
+            if returned is None:
+                handlers.outcome = SUCCEEDED
+            else:
+                returned.value = value
+                handlers.outcome = (returned, None)
+        return value
+
+
+def run_async(
+    job: Claimed | None,
+    func: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    returned: Returned | None = None,
+) -> Any:
+    """``func(*args, **kwargs)``, a coroutine function, run to its end from the calling thread
+    (``async_to_sync``). When the thread's Watch watches ``job``, its executor stops the run
+    through an AsyncRun, which also marks the Watch once the coroutine has returned (with
+    ``returned`` for a row runner)."""
+    handlers = None if job is None else watching(job)
+    run = AsyncRun()
+    if handlers is not None:
+        # A JobCancelled the executor raised in this thread before this lands at the lock's
+        # release at the latest (a call), before the coroutine exists; after it, the executor
+        # stops the coroutine through ``run``.
+        with handlers.lock:
+            handlers.aio = run
+    return async_to_sync(run.run)(func, args, kwargs, handlers, returned)
 
 
 #: A handler's success, as Watch.outcome and execute return it.
@@ -192,7 +289,7 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
             return outcome, None
         return f"no handler registered for job_type '{job.job_type}'", None
     try:
-        call_handler(spec.func, job.payload, spec.is_async)
+        call_handler(spec.func, job.payload, spec.is_async, job)
         if handlers is not None:
             handlers.outcome = SUCCEEDED
     except Exception as exc:

@@ -2,6 +2,7 @@
 this module, and the tests import it for tick(). Like tests/testapp/jobs.py, they leave their
 traces in the database (or in files) so that other processes see them."""
 
+import asyncio
 import os
 import sys
 import time
@@ -45,6 +46,28 @@ def linger_after_return(payload: str) -> None:
     the worker's clean-up, not the handler."""
     _trace("done", payload)
     sys.setprofile(hold_after_return(Path(payload)))
+
+
+@job("cancel.async_linger_after_return")
+async def async_linger_after_return(payload: str) -> None:
+    """linger_after_return as an async def handler: it leaves ``done`` in the directory
+    ``payload``, then holds its event loop's thread at the first Python call after its return."""
+    directory = Path(payload)
+    (directory / "done").touch()
+    sys.setprofile(hold_after_return(directory))
+
+
+@job("cancel.async_sleep")
+async def async_sleep(payload: str) -> None:
+    """Awaits a long asyncio.sleep; leaves ``started`` in the directory ``payload`` first, and
+    ``stopped`` when asyncio.CancelledError reaches it."""
+    directory = Path(payload)
+    (directory / "started").touch()
+    try:
+        await asyncio.sleep(600)
+    except asyncio.CancelledError:
+        (directory / "stopped").touch()
+        raise
 
 
 def hold_after_return(directory: Path):

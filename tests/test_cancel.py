@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import Permission
 from django.db import OperationalError, connection, connections
 from django.urls import reverse
@@ -18,7 +19,7 @@ import tests.cancel_handlers  # noqa: F401  (registers the handlers of the tick(
 from django_rws_jobs.cancellation import prune_cancelled
 from django_rws_jobs.concurrency_keys import SLOTS, KeySweep
 from django_rws_jobs.models import Job
-from django_rws_jobs.runner import WORKER_LOST, Watch, execute, record, recover, watch
+from django_rws_jobs.runner import WORKER_LOST, AsyncRun, Watch, execute, record, recover, watch
 from django_rws_jobs.signals import job_cancelled
 from django_rws_jobs.store import Store
 from django_rws_jobs.worker.executor import Executor
@@ -379,6 +380,83 @@ def test_a_cancel_that_reaches_a_handler_after_it_returned_leaves_it_done(tmp_pa
     wait_for(lambda: not Job.objects.filter(id=job_id, status="running").exists(), 20, what=w.output())
     assert list(Job.objects.values_list("status", "last_error")) == [], w.output()
     assert Run.objects.filter(kind="done").count() == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool", ["threads", "processes"])
+def test_a_cancel_that_reaches_an_async_handler_after_it_returned_leaves_it_done(tmp_path, started, pool):
+    """As for a plain handler: the coroutine has returned and its event loop's thread is held
+    when the watcher acts on the request. The thread pool does not stop it (the executor's thread
+    waits for the loop), the process pool's child defers the SIGTERM: the job is done."""
+    w = WorkerProcess(
+        tmp_path,
+        "--pool",
+        pool,
+        jobs={**FAST, "TIMEOUT_GRACE": 60},
+        env={**CANCEL_HANDLERS, "RWS_LOG_LEVEL": "INFO"},
+    )
+    started.append(w)
+    job_id = rws.enqueue("cancel.async_linger_after_return", str(tmp_path))
+    wait_for(lambda: (tmp_path / "returned").exists(), 30, what=w.output())
+    assert rws.cancel(job_id)
+    acted = f"job {job_id} (cancel.async_linger_after_return): cancel requested"
+    wait_for(lambda: acted in w.output(), 10, what=w.output())
+    (tmp_path / "go").touch()
+    wait_for(lambda: not Job.objects.filter(id=job_id, status="running").exists(), 20, what=w.output())
+    assert list(Job.objects.values_list("status", "last_error")) == [], w.output()
+
+
+@pytest.mark.slow
+def test_cancelling_a_running_async_handler_stops_it_at_its_await(tmp_path, started):
+    """Thread pool: asyncio.CancelledError reaches the coroutine in its asyncio.sleep(600), the
+    job ends cancelled, not retried, and the worker's one executor thread runs the next job."""
+    w = WorkerProcess(tmp_path, "--workers", "1", jobs=FAST, env=CANCEL_HANDLERS)
+    started.append(w)
+    job_id = rws.enqueue("cancel.async_sleep", str(tmp_path), max_retries=3)
+    wait_for(lambda: (tmp_path / "started").exists(), 30, what=w.output())
+    assert rws.cancel(job_id, by="test")
+    wait_for(lambda: Job.objects.get(id=job_id).status == "cancelled", 10, what=w.output())
+    job = Job.objects.get(id=job_id)
+    assert (job.attempts, job.cancelled_by) == (0, "test")
+    assert job.last_error == "JobCancelled: cancelled while it ran", job.last_error
+    assert "CancelledError" in job.traceback  # where the coroutine was stopped
+    assert (tmp_path / "stopped").exists()
+    rws.enqueue("test.record", "after")
+    wait_for(lambda: Run.objects.filter(payload="after").exists(), 10, what=w.output())
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+    assert " 0 threads abandoned" in w.output()
+
+
+@pytest.mark.slow
+def test_cancelling_a_running_async_task_stops_it(tmp_path, started):
+    """The same for an async def django.tasks task: its result reads FAILED with JobCancelled."""
+    compat = pytest.importorskip("django_rws_jobs.tasks.compat")
+    tasks = pytest.importorskip("tests.testapp.tasks")
+    w = WorkerProcess(tmp_path, "--workers", "1", jobs=FAST)
+    started.append(w)
+    result = tasks.asleep.enqueue(600)
+    wait_for(lambda: Job.objects.filter(id=result.id, status="running").exists(), 30, what=w.output())
+    assert rws.cancel(result.id)
+    wait_for(lambda: Job.objects.get(id=result.id).status == "cancelled", 10, what=w.output())
+    got = tasks.asleep.get_result(result.id)
+    assert got.status == compat.TaskResultStatus.FAILED
+    assert got.errors[-1].exception_class_path == "django_rws_jobs.exceptions.JobCancelled"
+
+
+def test_an_async_handler_stopped_before_its_coroutine_starts_does_not_run():
+    """A stop that reaches an AsyncRun before its event loop starts the coroutine: the run raises
+    the stop's exception at once and the handler's body never runs."""
+    ran = []
+
+    async def handler(payload):
+        ran.append(payload)
+
+    run = AsyncRun()
+    run.stop(rws.JobCancelled("asked"))
+    with pytest.raises(rws.JobCancelled, match="asked"):
+        async_to_sync(run.run)(handler, ("x",), {}, None, None)
+    assert ran == []
 
 
 @pytest.mark.slow

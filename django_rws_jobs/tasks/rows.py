@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from asgiref.sync import async_to_sync, iscoroutinefunction
+from asgiref.sync import iscoroutinefunction
 from django.db import connections
 
 from .. import clock
 from ..registry import TASK_PREFIX
-from ..runner import Returned, _close_old_connections, watching
+from ..runner import Returned, _close_old_connections, run_async, watching
 from ..store import Claimed, Store
 from . import history
 from .errors import TaskNotFound
@@ -85,7 +85,7 @@ def run_task(job: Claimed) -> TaskOutcome:
             [compat.TaskContext(task_result=result), *result.args] if task.takes_context else result.args
         )
         if iscoroutinefunction(func):
-            value = async_to_sync(func)(*call_args, **result.kwargs)
+            value = run_async(job, func, call_args, result.kwargs, returned)
         else:
             value = func(*call_args, **result.kwargs)
     except BaseException as exc:  # noqa: BLE001  (every failure is the task's, as Django records it)
@@ -100,10 +100,11 @@ class TaskReturned(Returned):
     """A task whose function has returned ``value``; ``build`` makes its outcome: the value as
     JSON, or the failure to make it one."""
 
-    __slots__ = ("job", "result", "started", "value")
+    __slots__ = ("job", "result", "started")
 
     def __init__(self, job: Claimed, result: Any, started: float) -> None:
-        self.job, self.result, self.started, self.value = job, result, started, None
+        super().__init__()
+        self.job, self.result, self.started = job, result, started
 
     def build(self) -> TaskOutcome:
         try:

@@ -46,13 +46,14 @@ class Executor:
         self.shared = shared
         self.watchdog = watchdog
         self.default_timeout = jobs_settings.TIMEOUT
+        self.handlers = Watch()  # whether the running job's handler has returned (runner.Watch)
         # The job whose handler a cancel may stop, and whether one was raised for it (see cancel).
-        # A plain Lock: entered by C code only, as the watchdog's.
-        self.cancel_lock = threading.Lock()
+        # The Watch's plain Lock (entered by C code only, as the watchdog's): an async def
+        # handler's run is armed under it (runner.run_async).
+        self.cancel_lock = self.handlers.lock
         self.running: Claimed | None = None
         self.ident = 0
         self.cancel_raised = False
-        self.handlers = Watch()  # whether the running job's handler has returned (runner.Watch)
 
     def loop(self) -> None:
         ident = threading.get_ident()
@@ -67,9 +68,10 @@ class Executor:
 
     def cancel(self, job: Claimed) -> str | None:
         """Stop ``job``'s handler if this executor runs it now: JobCancelled raised in its thread
-        at its next bytecode (a blocking C call is not interrupted; see README). Nothing once the
-        handler has returned: it stays done. Returns what it did (STOPPING, RETURNED_FIRST), or
-        None when this executor does not run ``job``."""
+        at its next bytecode (a blocking C call is not interrupted; see README), or, for an async
+        def handler on its event loop, asyncio.CancelledError at its next await, then JobCancelled
+        here (runner.AsyncRun). Nothing once the handler has returned: it stays done. Returns
+        what it did (STOPPING, RETURNED_FIRST), or None when this executor does not run ``job``."""
         with self.cancel_lock:
             if self.running is not job:
                 return None
@@ -77,7 +79,10 @@ class Executor:
                 return RETURNED_FIRST
             if not self.cancel_raised:
                 self.cancel_raised = True
-                async_raise(self.ident, JobCancelled)
+                if self.handlers.aio is not None:
+                    self.handlers.aio.stop(JobCancelled(cancel_message(None, running=True)))
+                else:
+                    async_raise(self.ident, JobCancelled)
             return STOPPING
 
     def execute(self, job: Claimed) -> tuple[bool, str | None, str | None]:
