@@ -177,8 +177,10 @@ class AsyncRun:
     The calling thread waits in a C call while the coroutine runs, where a JobCancelled raised in
     that thread does not land; ``stop`` cancels the coroutine's asyncio task on its loop instead,
     so asyncio.CancelledError reaches the coroutine at its next await, and the run then raises
-    ``stop``'s exception (from that CancelledError) in the calling thread
-    (tests/test_cancel.py::test_cancelling_a_running_async_handler_stops_it_at_its_await). A
+    ``stop``'s exception (from that CancelledError) in the calling thread: the executor's
+    JobCancelled (tests/test_cancel.py::test_cancelling_a_running_async_handler_stops_it_at_its_await)
+    or the watchdog's JobTimeout
+    (tests/test_timeouts.py::test_an_async_handler_past_its_limit_is_stopped_at_its_await). A
     stop that comes before the coroutine starts makes the run raise at once, the handler unrun;
     one that comes once the coroutine has returned does nothing: the Watch is marked first, on
     the loop, where no exception or signal handler interrupts (only a process's main thread runs

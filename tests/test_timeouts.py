@@ -183,6 +183,24 @@ def test_a_thread_stuck_in_a_blocking_call_is_abandoned_and_replaced(workers):  
     assert "1 timed out, 1 threads abandoned" in out
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_an_async_handler_past_its_limit_is_stopped_at_its_await(workers):  # noqa: F811
+    """Thread pool: the watchdog cancels the coroutine's asyncio task on its event loop, so
+    asyncio.CancelledError reaches it in its asyncio.sleep(600): the job fails with JobTimeout,
+    and its executor thread, not abandoned, runs the next job."""
+    slow = rws.enqueue("test.async_sleep", "a", timeout=1, max_retries=0)
+    w = workers("--workers", "1", jobs=FAST)
+    wait_for(lambda: failed(slow), timeout=10, what="the async job to time out")
+    assert Job.objects.get(id=slow).last_error == "JobTimeout: ran longer than 1 s"
+    assert run_counts("stopped") == {"a": 1}
+    rws.enqueue("test.record", "after")
+    wait_for(lambda: run_counts() == {"after": 1}, timeout=10, what="the next job")
+    w.signal(signal.SIGTERM)
+    assert w.wait() == 0, w.output()
+    assert "1 timed out, 0 threads abandoned" in w.output()
+
+
 def test_limits_shorter_than_the_watchdogs_own_steps_keep_the_books():
     """A JobTimeout may arrive at any bytecode once a job is watched, also before the handler
     starts: it is the job's outcome, never an exception out of Watchdog.run, and no watch is left

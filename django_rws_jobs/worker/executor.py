@@ -122,7 +122,7 @@ class Executor:
         seconds = timeout_for(job, self.default_timeout)
         if seconds is None or self.watchdog is None:
             return (False, *execute(job))
-        return self.watchdog.run(job, seconds)
+        return self.watchdog.run(job, seconds, self.handlers)
 
     def run_once(self) -> bool:
         """Run one job; False when told to stop. A BaseException that is not an Exception

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..exceptions import JobTimeout, timeout_message
 from ..registry import time_limit
 from ..runner import TRACEBACK_MAX, execute, storable
+from ..runner import Watch as Handlers
 from ..store import Claimed
 from .shared import Shared
 
@@ -45,7 +46,8 @@ class Watch:
     ident: int  # the executor thread's
     seconds: float
     deadline: float  # time.monotonic()
-    fired: bool = False  # JobTimeout was raised in the thread
+    handlers: Handlers | None = None  # the executor's Watch: how to stop an async def handler
+    fired: bool = False  # JobTimeout was raised in the thread (or its coroutine was stopped)
     finished: bool = False  # the executor is done with the job
     abandoned: bool = False  # the watchdog recorded the failure and gave the thread up
 
@@ -68,10 +70,13 @@ class Watchdog:
         self.watches: set[Watch] = set()
         self.closed = False
 
-    def run(self, job: Claimed, seconds: float) -> tuple[bool, str | None, str | None]:
+    def run(
+        self, job: Claimed, seconds: float, handlers: Handlers | None = None
+    ) -> tuple[bool, str | None, str | None]:
         """Run ``job`` in the calling thread under its limit: (abandoned, error, traceback).
-        Abandoned, the failure is recorded already: the caller drops its outcome."""
-        watch = Watch(job, threading.get_ident(), seconds, time.monotonic() + seconds)
+        Abandoned, the failure is recorded already: the caller drops its outcome. ``handlers``
+        is the thread's runner.Watch, through which an async def handler is stopped."""
+        watch = Watch(job, threading.get_ident(), seconds, time.monotonic() + seconds, handlers)
         # From the moment the watch is in ``watches``, a JobTimeout may arrive at any bytecode of
         # this frame: everything after the add is inside the try whose handler records it
         # (tests/test_timeouts.py::test_limits_shorter_than_the_watchdogs_own_steps_keep_the_books).
@@ -138,13 +143,28 @@ class Watchdog:
                     next_at = min(next_at, watch.deadline)
                     continue
                 watch.fired = True
-                async_raise(watch.ident, JobTimeout)
+                self._interrupt(watch)
                 self.shared.stats.count("timed_out")
             if now < watch.deadline + self.grace:
                 next_at = min(next_at, watch.deadline + self.grace)
             else:
                 self._abandon(watch)
         return max(next_at - now, 0.001)
+
+    def _interrupt(self, watch: Watch) -> None:
+        """JobTimeout in the handler's thread; for an async def handler on its event loop,
+        asyncio.CancelledError at its next await, then JobTimeout in the thread
+        (runner.AsyncRun), decided under the Watch's lock, which the handler's run is armed
+        under (tests/test_timeouts.py::test_an_async_handler_past_its_limit_is_stopped_at_its_await)."""
+        handlers = watch.handlers
+        if handlers is None:
+            async_raise(watch.ident, JobTimeout)
+            return
+        with handlers.lock:
+            if handlers.aio is not None:
+                handlers.aio.stop(JobTimeout(timeout_message(watch.seconds)))
+            else:
+                async_raise(watch.ident, JobTimeout)
 
     def _abandon(self, watch: Watch) -> None:
         """Record the failure of a job whose thread does not stop, and free its executor's slot."""

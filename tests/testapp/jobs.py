@@ -121,6 +121,22 @@ async def async_record(payload: str) -> None:
     await sync_to_async(_trace)("async", payload)
 
 
+@job("test.async_sleep")
+async def async_sleep(payload: str) -> None:
+    """Awaits asyncio.sleep(600) once it traced its start; traces ``stopped`` when
+    asyncio.CancelledError reaches it there."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(_trace)("async-start", payload)
+    try:
+        await asyncio.sleep(600)
+    except asyncio.CancelledError:
+        await sync_to_async(_trace)("stopped", payload)
+        raise
+
+
 @job("test.generator")
 def generator(payload: str):
     _trace("generator", payload)
