@@ -331,6 +331,16 @@ class Cancelled(str):
     (tests/test_cancel.py::test_an_error_named_job_cancelled_without_a_request_is_an_ordinary_failure)."""
 
     __slots__ = ()
+    #: Whether the handler ran (and was stopped): False for CancelledUnrun.
+    ran = True
+
+
+class CancelledUnrun(Cancelled):
+    """The outcome of a job whose handler never started: it carried a cancel request when it was
+    claimed (asked_to_cancel)."""
+
+    __slots__ = ()
+    ran = False
 
 
 def record(store: Store, job: Claimed, error: Any, tb: str | None, expired_before: int | None = None) -> str:
@@ -376,13 +386,22 @@ def record_cancel(
     store: Store, job: Claimed, error: str | None, tb: str | None, expired_before: int | None = None
 ) -> bool:
     """End a held job whose cancel was requested as cancelled (fenced; False if none was
-    requested or the claim is gone), and send job_cancelled once committed."""
+    requested or the claim is gone), and send job_cancelled once committed. The log says how it
+    ended: stopped (or failed, or handed back) while it ran, taken back from a lost worker, or
+    never run
+    (tests/test_cancel.py::test_a_request_a_rust_retry_kept_is_carried_out_before_the_handler_runs)."""
     now = int(clock.now(store.conn.alias))
+    if isinstance(error, Cancelled) and not error.ran:
+        how = "before its handler ran: it carried the request when it was claimed"
+    elif expired_before is not None:
+        how = "when its lease expired (its worker was lost)"
+    else:
+        how = "while it ran"
     if error is None:
         error = cancel_message(None, running=True)
     if not store.cancel_running(job, error, tb, now, expired_before):
         return False
-    logger.warning("job %s (%s) cancelled while it ran", job.id, job.job_type)
+    logger.warning("job %s (%s) cancelled %s", job.id, job.job_type, how)
     cancelled = job.as_job(status="cancelled", cancelled_at=now, last_error=error, traceback=tb)
     if is_registered(store.conn):  # tick() inside the caller's transaction: after it commits
         transaction.on_commit(lambda: send_cancelled(cancelled), using=store.conn.alias)
@@ -471,7 +490,7 @@ def record_or_fallback(
 
 def asked_to_cancel(job: Claimed, alias: str) -> bool:
     """Whether a retried job that was just claimed carries a cancel request already: its handler
-    is not run, the job ends cancelled (``record`` of a ``Cancelled`` outcome).
+    is not run, the job ends cancelled (``record`` of a ``CancelledUnrun`` outcome).
 
     A rust-web-server worker retries a job (pending again, attempts + 1) without knowing of
     ``cancel_requested_at``, so a request that reached the job while the crate ran it, never
@@ -497,7 +516,7 @@ def run_claimed(store: Store, job: Claimed) -> str:
     records it, then raised (tests/test_faults.py::test_tick_records_a_system_exit_then_raises)."""
     if asked_to_cancel(job, store.conn.alias):
         return record_or_fallback(
-            lambda fn: fn(store), job, Cancelled(cancel_message(None, running=False)), None
+            lambda fn: fn(store), job, CancelledUnrun(cancel_message(None, running=False)), None
         )
     try:
         error, tb = execute(job)

@@ -92,9 +92,10 @@ def test_a_cancelled_job_can_be_retried_and_runs_or_deleted():
     assert rws.delete(other) and not Job.objects.filter(id=other).exists()
 
 
-def test_a_held_job_with_a_request_ends_cancelled_however_its_claim_ends(cancelled_signals):
+def test_a_held_job_with_a_request_ends_cancelled_however_its_claim_ends(cancelled_signals, caplog):
     """The request reaches the row while a worker holds the job: a failure, a hand-back and
-    recovery of its lease each write cancelled, never a retry; a success stays done."""
+    recovery of its lease each write cancelled, never a retry; a success stays done. The log
+    says how each ended."""
     store = Store(connection)
     ids = [rws.enqueue("test.record", str(i)) for i in range(4)]
     jobs = {j.id: j for j in claim(store)}
@@ -105,7 +106,9 @@ def test_a_held_job_with_a_request_ends_cancelled_however_its_claim_ends(cancell
     assert not store.release(jobs[ids[1]])
     assert record(store, jobs[ids[1]], "JobCancelled: cancelled while it ran", None) == "cancelled"
     assert record(store, jobs[ids[2]], None, None) == "done"  # it finished first: done
-    assert recover(store, now=T + 61) == 1  # its worker died: taken back as cancelled
+    with caplog.at_level(logging.WARNING, logger="django_rws_jobs"):
+        assert recover(store, now=T + 61) == 1  # its worker died: taken back as cancelled
+    assert f"job {ids[3]} (test.record) cancelled when its lease expired (its worker was lost)" in caplog.text
     rows = dict(Job.objects.values_list("id", "status"))
     assert rows == {ids[0]: "cancelled", ids[1]: "cancelled", ids[3]: "cancelled"}
     assert Job.objects.get(id=ids[3]).last_error.startswith("JobCancelled")
@@ -198,11 +201,15 @@ def test_a_cancel_request_frees_the_key_of_a_running_unique_task():
     assert new.id != old.id and tasks.unique.enqueue("k").id == new.id
 
 
-def test_a_request_a_rust_retry_kept_is_carried_out_before_the_handler_runs(cancelled_signals):
+def test_a_request_a_rust_retry_kept_is_carried_out_before_the_handler_runs(cancelled_signals, caplog):
     """A rust-web-server worker claims the job, its cancel is requested (which the crate does not
-    know), and the crate retries it: our next claim ends it cancelled without running it."""
+    know), and the crate retries it: our next claim ends it cancelled without running it, and
+    the log says so."""
     job_id = rust_retried_after_a_cancel_request()
-    assert rws.tick()
+    with caplog.at_level(logging.WARNING, logger="django_rws_jobs"):
+        assert rws.tick()
+    assert f"job {job_id} (test.record) cancelled before its handler ran" in caplog.text
+    assert "while it ran" not in caplog.text
     job = Job.objects.get(id=job_id)
     assert (job.status, job.attempts, job.cancelled_by) == ("cancelled", 1, "ops")
     assert job.last_error == "JobCancelled: cancelled before it ran"
@@ -470,6 +477,7 @@ def test_a_worker_ends_a_rust_retried_cancel_request_without_running_it(tmp_path
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0, w.output()
     assert not Run.objects.exists()
+    assert f"job {job_id} (test.record) cancelled before its handler ran" in w.output()
 
 
 if task is not None:

@@ -14,6 +14,7 @@ from ..exceptions import JobCancelled, cancel_message
 from ..runner import (
     TRACEBACK_MAX,
     Cancelled,
+    CancelledUnrun,
     Watch,
     _close_old_connections,
     asked_to_cancel,
@@ -140,7 +141,7 @@ class Executor:
             outcome: tuple[bool, str | None, str | None]
             if asked_to_cancel(job, shared.alias):  # a request the Rust crate retried past
                 _close_old_connections()
-                outcome = False, Cancelled(cancel_message(None, running=False)), None
+                outcome = False, CancelledUnrun(cancel_message(None, running=False)), None
             else:
                 outcome = self.execute(job)
             abandoned, error, tb = outcome
