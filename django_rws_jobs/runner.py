@@ -488,33 +488,25 @@ def record_or_fallback(
         return call(lambda s: record(s, job, plain, None))
 
 
-def asked_to_cancel(job: Claimed, alias: str) -> bool:
-    """Whether a retried job that was just claimed carries a cancel request already: its handler
-    is not run, the job ends cancelled (``record`` of a ``CancelledUnrun`` outcome).
+def asked_to_cancel(job: Claimed) -> bool:
+    """Whether a job that was just claimed carries a cancel request already: its handler is not
+    run, the job ends cancelled (``record`` of a ``CancelledUnrun`` outcome).
 
-    A rust-web-server worker retries a job (pending again, attempts + 1) without knowing of
-    ``cancel_requested_at``, so a request that reached the job while the crate ran it, never
-    carried out, is still on the row when one of our workers claims the job
+    A rust-web-server worker puts a job back in the queue (retried: pending again, attempts + 1;
+    or reset at its start-up, no attempt added) without knowing of ``cancel_requested_at``, so a
+    request that reached the job while the crate ran it, never carried out, is still on the row
+    when one of our workers claims the job
     (tests/test_cancel.py::test_a_worker_ends_a_rust_retried_cancel_request_without_running_it).
-    Our own writes never put a job whose cancel was requested back in the queue (Store.fenced),
-    so only retried jobs are looked at, one primary-key read each. A read that fails runs the
-    job: the cancel watcher stops it as any other."""
-    if not job.attempts:
-        return False
-    try:
-        with connections[alias].cursor() as c:
-            c.execute("SELECT 1 FROM rws_jobs WHERE id = %s AND cancel_requested_at IS NOT NULL", [job.id])
-            return c.fetchone() is not None
-    except DatabaseError as exc:
-        logger.warning("job %s (%s): could not look for a cancel request: %s", job.id, job.job_type, exc)
-        return False
+    Our own writes never put a job whose cancel was requested back in the queue (Store.fenced).
+    The claim returns the column with the job (CLAIM_COLUMNS): no read of its own."""
+    return job.cancel_requested_at is not None
 
 
 def run_claimed(store: Store, job: Claimed) -> str:
     """Run a job ``tick()`` claimed and record its outcome. A BaseException that is not an
     Exception (SystemExit, KeyboardInterrupt) is recorded as the job's failure, as the worker
     records it, then raised (tests/test_faults.py::test_tick_records_a_system_exit_then_raises)."""
-    if asked_to_cancel(job, store.conn.alias):
+    if asked_to_cancel(job):
         return record_or_fallback(
             lambda fn: fn(store), job, CancelledUnrun(cancel_message(None, running=False)), None
         )

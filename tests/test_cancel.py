@@ -217,6 +217,29 @@ def test_a_request_a_rust_retry_kept_is_carried_out_before_the_handler_runs(canc
     assert cancelled_signals == [(job_id, "cancelled")]
 
 
+def test_a_request_a_rust_start_up_reset_kept_is_carried_out_before_the_handler_runs(cancelled_signals):
+    """The crate's start-up reset puts its running jobs back with no attempt added: the claim
+    brings the request along all the same, and the job ends cancelled without running."""
+    job_id = rust_reset_after_a_cancel_request()
+    assert rws.tick()
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.attempts, job.cancelled_by) == ("cancelled", 0, "ops")
+    assert job.last_error == "JobCancelled: cancelled before it ran"
+    assert not Run.objects.exists()
+    assert cancelled_signals == [(job_id, "cancelled")]
+
+
+def rust_reset_after_a_cancel_request():
+    """A job as the crate leaves it when it starts again: claimed by its exact SQL, cancel
+    requested meanwhile, then reset to pending by its start-up's exact SQL (no attempt added)."""
+    job_id = rws.enqueue("test.record", "rust", max_retries=3)
+    with connection.cursor() as c:
+        c.execute("UPDATE rws_jobs SET status = 'running' WHERE id = %s AND status = 'pending'", [job_id])
+        assert rws.cancel(job_id, by="ops")  # running: asked
+        c.execute("UPDATE rws_jobs SET status = 'pending' WHERE status = 'running'")
+    return job_id
+
+
 def rust_retried_after_a_cancel_request():
     """A job as the crate leaves it: claimed by its exact SQL, cancel requested meanwhile, then
     retried by its exact SQL (attempts + 1, pending, due now)."""
@@ -467,13 +490,18 @@ def test_an_async_handler_stopped_before_its_coroutine_starts_does_not_run():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("put_back, attempts", [("retried", 1), ("reset", 0)])
 @pytest.mark.parametrize("pool", ["threads", "processes"])
-def test_a_worker_ends_a_rust_retried_cancel_request_without_running_it(tmp_path, started, pool):
-    job_id = rust_retried_after_a_cancel_request()
+def test_a_worker_ends_a_rust_retried_cancel_request_without_running_it(
+    tmp_path, started, pool, put_back, attempts
+):
+    """Whether the crate retried the job or reset it at its start."""
+    put_back_by = {"retried": rust_retried_after_a_cancel_request, "reset": rust_reset_after_a_cancel_request}
+    job_id = put_back_by[put_back]()
     w = WorkerProcess(tmp_path, "--pool", pool, jobs=FAST)
     started.append(w)
     wait_for(lambda: Job.objects.get(id=job_id).status == "cancelled", 20, what=w.output())
-    assert Job.objects.get(id=job_id).attempts == 1
+    assert Job.objects.get(id=job_id).attempts == attempts
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0, w.output()
     assert not Run.objects.exists()

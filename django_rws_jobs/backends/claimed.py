@@ -26,6 +26,9 @@ class Claimed:
     unique_key: str | None
     timeout: float | None
     concurrency_key: str | None
+    # Set when a cancel was asked while the job ran before and it came back to the queue without
+    # it being carried out (the Rust crate's retry or its start-up reset): runner.asked_to_cancel.
+    cancel_requested_at: int | None
     token: str
 
     @classmethod

@@ -139,7 +139,7 @@ class Executor:
         t0 = time.monotonic()
         try:
             outcome: tuple[bool, str | None, str | None]
-            if asked_to_cancel(job, shared.alias):  # a request the Rust crate retried past
+            if asked_to_cancel(job):  # a request the Rust crate put the job back past
                 _close_old_connections()
                 outcome = False, CancelledUnrun(cancel_message(None, running=False)), None
             else:
