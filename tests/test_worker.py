@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,10 +66,21 @@ class WorkerProcess:
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
+    def children(self) -> list[int]:
+        """The pids of the worker processes this one logged the start of (--processes)."""
+        pids = {int(pid) for pid in re.findall(r"worker [^ :]+:(\d+):\w+ starting: ", self.output())}
+        return sorted(pids - {self.proc.pid})
+
     def stop(self) -> None:
+        """SIGKILL it and the children it started: none lives on into the next test."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+        for pid in self.children():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 @pytest.fixture
@@ -164,6 +176,33 @@ def test_sigusr1_to_the_parent_of_processes_reaches_each_child(tmp_path, started
     assert w.proc.poll() is None
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0
+
+
+def test_children_of_a_killed_parent_stop(tmp_path, started):
+    """kill -9 of the parent of --processes: each child sees it gone within a supervisor turn,
+    stops as on SIGTERM and hands back the job it runs; no worker goes on unwatched."""
+    job_id = rws.enqueue("test.sleep", "30")
+    w = WorkerProcess(tmp_path, "--processes", "2", "--workers", "1", jobs={"SHUTDOWN_TIMEOUT": 1})
+    started.append(w)
+    wait_for(lambda: len(w.children()) == 2, 30, what=f"two children:\n{w.output()}")
+    wait_for(lambda: Run.objects.filter(kind="start").exists(), what="the job to start")
+    children = w.children()
+    w.proc.kill()
+    w.proc.wait()
+
+    def gone() -> bool:
+        for pid in children:
+            try:
+                os.kill(pid, 0)  # an orphan's zombie is reaped by init at once
+            except ProcessLookupError:
+                continue
+            return False
+        return True
+
+    wait_for(gone, 15, what=f"the children to exit:\n{w.output()}")
+    assert w.output().count("is gone: stopping") == 2, w.output()
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.attempts, job.locked_by) == ("pending", 0, None)
 
 
 def test_three_processes_drain_300_jobs_each_once(workers):

@@ -71,6 +71,7 @@ class Worker:
         max_jobs_per_child: int | None = None,
         max_memory_per_child: int | None = None,
         heartbeat_file: str | None = None,
+        parent_pid: int | None = None,
     ):
         # Bad arguments and settings raise here, before any thread starts
         # (tests/test_input.py::test_worker_refuses_bad_arguments_and_settings).
@@ -89,6 +90,9 @@ class Worker:
         self.pool = make_pool(pool, max_jobs_per_child, max_memory_per_child)
         self.registration = Registration(worker_id(), self.queues, pool, self.threads, heartbeat_interval())
         self.heartbeat_file = heartbeat_file
+        #: The pid of the process that started this one (rws_worker --processes): once it is gone
+        #: this worker stops as on SIGTERM.
+        self.parent_pid = parent_pid
         self._touched = -math.inf  # time.monotonic() of the heartbeat file's last touch
         self._stalled: frozenset[str] = frozenset()  # the roles past the bound, as last logged
         self._threads: dict[str, threading.Thread] = {}
@@ -253,6 +257,10 @@ class Worker:
         restart_at: dict[str, float] = {}  # role -> when its dead thread is replaced
         self._touch_heartbeat_file()
         while not self.shared.stop.wait(0.5):
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                logger.error("the parent process %d is gone: stopping", self.parent_pid)
+                self.stop()
+                break
             self._touch_heartbeat_file()
             self._replace_abandoned(roles)
             now = time.monotonic()

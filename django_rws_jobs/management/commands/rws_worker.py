@@ -6,6 +6,7 @@ import argparse
 import faulthandler
 import logging
 import os
+import select
 import signal
 import sys
 import time
@@ -26,6 +27,8 @@ from django_rws_jobs.worker import Worker
 
 #: Seconds between the children's thread dumps (SIGUSR1 to the parent of --processes).
 DUMP_GAP = 0.5
+#: The signals the parent of --processes passes on to its children.
+FORWARDED = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGUSR1})
 
 
 def _positive_int(value: str) -> int:
@@ -171,19 +174,33 @@ class Command(BaseCommand):
         if code:
             sys.exit(code)
 
-    def _run_worker(self, settings: dict[str, Any]) -> int:
+    def _run_worker(self, settings: dict[str, Any], unblock: frozenset[int] = frozenset()) -> int:
+        """Run one worker. ``unblock``: the signals a ``--processes`` child inherits blocked, let
+        through once its own handlers are set, so one sent earlier waits instead of killing it."""
         worker = Worker(**settings)
         worker.install_signal_handlers()
         # SIGUSR1 prints every thread's stack to stderr, from C, whatever the threads hold: a
         # wedged worker explains itself (tests/test_worker.py::test_sigusr1_prints_every_threads_stack).
         faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+        if unblock:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
         return worker.run()
 
     def _run_processes(self, count: int, settings: dict[str, Any]) -> int:
-        """Fork ``count`` worker processes and pass signals on to them; exit 0 if they all did."""
+        """Fork ``count`` worker processes and pass signals on to them; exit 0 if they all did.
+
+        The parent runs no Python signal handler of its own: the signals it passes on wake its
+        main loop through a pipe (signal.set_wakeup_fd), which reaps the children too. A child
+        whose parent is gone stops as on SIGTERM (Worker's ``parent_pid``), so a ``kill -9`` of
+        the parent leaves no worker running unwatched
+        (tests/test_worker.py::test_children_of_a_killed_parent_stop)."""
         from django.db import connections
 
         connections.close_all()  # a forked child must not share its parent's sockets
+        parent = os.getpid()
+        # Blocked before the forks: each child lets them through once its handlers are set, the
+        # parent once its pipe is.
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
         children: list[int] = []
         for index in range(count):
             pid = os.fork()
@@ -194,49 +211,19 @@ class Command(BaseCommand):
                 code = 1
                 try:
                     # One process runs the schedules (they are once-per-due-time anyway).
-                    child = {**settings, "schedules": settings["schedules"] if index == 0 else False}
-                    code = self._run_worker(child)
+                    child = {
+                        **settings,
+                        "schedules": settings["schedules"] if index == 0 else False,
+                        "parent_pid": parent,
+                    }
+                    code = self._run_worker(child, unblock=FORWARDED)
                 except BaseException:
                     logging.getLogger("django_rws_jobs").exception("worker process %d failed", index)
                 finally:
                     logging.shutdown()
                     os._exit(code)
             children.append(pid)
-
-        def forward(signum: int, frame: Any) -> None:
-            for child_pid in list(children):
-                try:
-                    os.kill(child_pid, signum)
-                except ProcessLookupError:
-                    pass
-
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
-
-        def forward_one_by_one(signum: int, frame: Any) -> None:
-            """Each child prints its threads' stacks, one after the other: dumps written at once
-            to a shared stderr interleave line by line."""
-            for i, child_pid in enumerate(list(children)):
-                if i:
-                    time.sleep(DUMP_GAP)
-                try:
-                    os.kill(child_pid, signum)
-                except ProcessLookupError:
-                    pass
-
-        signal.signal(signal.SIGUSR1, forward_one_by_one)
-        code = 0
-        for child_pid in list(children):
-            while True:
-                try:
-                    _, status = os.waitpid(child_pid, 0)
-                    break
-                except InterruptedError:
-                    continue
-            children.remove(child_pid)  # reaped: its pid may be reused, never signal it again
-            child_code = os.waitstatus_to_exitcode(status)
-            code = code or (child_code if child_code > 0 else 1 if child_code < 0 else 0)
-        return code
+        return _supervise_children(children)
 
     def _configure_logging(self, verbosity: int) -> None:
         logger = logging.getLogger("django_rws_jobs")
@@ -247,3 +234,35 @@ class Command(BaseCommand):
             logger.addHandler(handler)
             logger.propagate = False
         logger.setLevel(level)
+
+
+def _supervise_children(children: list[int]) -> int:
+    """The parent's loop: pass on each signal of FORWARDED (SIGUSR1 to one child after the other,
+    DUMP_GAP apart, so their thread dumps do not interleave on a shared stderr) and reap the
+    children. Returns 0 if every child exited 0, else the first other exit code (1 for a child
+    killed by a signal)."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    for signum in FORWARDED:
+        signal.signal(signum, lambda signum, frame: None)  # the wake-up pipe carries it
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    live = list(children)
+    code = 0
+    while live:
+        ready, _, _ = select.select([wake_r], [], [], 0.5)
+        for received in os.read(wake_r, 64) if ready else b"":
+            for i, pid in enumerate(list(live)):
+                if received == signal.SIGUSR1 and i:
+                    time.sleep(DUMP_GAP)
+                try:
+                    os.kill(pid, received)
+                except ProcessLookupError:
+                    pass
+        for pid in list(live):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                live.remove(pid)  # reaped: its pid may be reused, never signal it again
+                child_code = os.waitstatus_to_exitcode(status)
+                code = code or (child_code if child_code > 0 else 1 if child_code < 0 else 0)
+    return code
