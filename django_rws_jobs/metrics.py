@@ -51,8 +51,8 @@ class Counters:
     def __init__(self) -> None:
         # (queue, job type, seconds, start on time.monotonic(), next_run_at)
         self.runs: deque[tuple[str, str, float, float, int]] = deque()
-        # (queues, job types, outcomes): names only, so that no job object outlives its batch
-        self.ends: deque[tuple[tuple[str, ...], tuple[str, ...], Sequence[str]]] = deque()
+        # (jobs, outcomes): a batch's jobs live until the next write (FLUSH_EVERY)
+        self.ends: deque[tuple[tuple[Any, ...], Sequence[str]]] = deque()
         self.pending: dict[tuple[int, str, str], list[float]] = {}
 
     def ran(self, job: Any, seconds: float, started: float) -> None:
@@ -61,7 +61,7 @@ class Counters:
 
     def ended(self, jobs: Sequence[Any], outcomes: Sequence[str]) -> None:
         """The outcomes recorded for ``jobs`` (lost ones count nowhere)."""
-        self.ends.append((tuple(map(_QUEUE, jobs)), tuple(map(_TYPE, jobs)), outcomes))
+        self.ends.append((tuple(jobs), outcomes))
 
     def take(self, now: float, mono: float) -> Batch:
         """The rows to write (KEYS + ADDS + MAXES each), forgotten here. ``now`` and ``mono``:
@@ -77,25 +77,39 @@ class Counters:
             return found
 
         runs = [self.runs.popleft() for _ in range(len(self.runs))]
-        runs.sort(key=_QUEUE_AND_TYPE)
-        for (queue, job_type), group in groupby(runs, _QUEUE_AND_TYPE):
-            done = list(group)
-            seconds = list(map(_SECONDS, done))
-            r = row(queue, job_type)
-            r[4] += len(done)
-            r[5] += sum(seconds)
-            # Each start on the queue's clock is now - (mono - start): its wait, start - due.
-            r[6] += len(done) * (now - mono) + sum(map(_STARTED, done)) - sum(map(_DUE, done))
-            r[7] = max(r[7], max(seconds))
-        ends = [self.ends.popleft() for _ in range(len(self.ends))]
-        counted = Counter(
-            chain.from_iterable(
-                zip(queues, types, outcomes, strict=False) for queues, types, outcomes in ends
+        if runs:
+            queues, types, seconds, starts, dues = zip(*runs, strict=True)
+            # Most writes carry one queue and job type: C-level sums of the columns, no sort.
+            groups = (
+                [((queues[0], types[0]), (seconds, starts, dues))]
+                if _alike(queues) and _alike(types)
+                else [
+                    ((queue, job_type), tuple(zip(*group, strict=True))[2:])
+                    for (queue, job_type), group in groupby(
+                        sorted(runs, key=_QUEUE_AND_TYPE), _QUEUE_AND_TYPE
+                    )
+                ]
             )
-        )
-        for (queue, job_type, outcome), n in counted.items():
-            for index in OUTCOME_INDEXES.get(outcome, ()):
-                row(queue, job_type)[index] += n
+            for (queue, job_type), (seconds, starts, dues) in groups:
+                r = row(queue, job_type)
+                r[4] += len(seconds)
+                r[5] += sum(seconds)
+                # Each start on the queue's clock is now - (mono - start): its wait, start - due.
+                r[6] += len(seconds) * (now - mono) + sum(starts) - sum(dues)
+                r[7] = max(r[7], max(seconds))
+        ends = [self.ends.popleft() for _ in range(len(self.ends))]
+        if ends:
+            jobs = tuple(chain.from_iterable(map(_JOBS, ends)))
+            ended = tuple(chain.from_iterable(map(_OUTCOMES, ends)))
+            queues, types = tuple(map(_QUEUE, jobs)), tuple(map(_TYPE, jobs))
+            counted = (
+                Counter({(queues[0], types[0], outcome): n for outcome, n in Counter(ended).items()})
+                if jobs and _alike(queues) and _alike(types) and len(ended) == len(jobs)
+                else Counter(zip(queues, types, ended, strict=False))
+            )
+            for (queue, job_type, outcome), n in counted.items():
+                for index in OUTCOME_INDEXES.get(outcome, ()):
+                    row(queue, job_type)[index] += n
         return Batch([*key, *values] for key, values in sorted(rows.items()))
 
     def give_back(self, rows: Sequence[Sequence[Any]]) -> None:
@@ -121,8 +135,15 @@ class Batch(list[list[Any]]):
 
 
 _QUEUE_AND_TYPE = itemgetter(0, 1)
-_SECONDS, _STARTED, _DUE = itemgetter(2), itemgetter(3), itemgetter(4)
+_JOBS, _OUTCOMES = itemgetter(0), itemgetter(1)
 _QUEUE, _TYPE = attrgetter("queue"), attrgetter("job_type")
+
+
+def _alike(names: tuple[str, ...]) -> bool:
+    """Whether every one of ``names`` (at least one) equals the first (a C-level count)."""
+    return names.count(names[0]) == len(names)
+
+
 OUTCOME_INDEXES = {
     outcome: tuple(ADDS.index(c) for c in columns) for outcome, columns in OUTCOME_COLUMNS.items()
 }
