@@ -41,12 +41,29 @@ def span(payload: str) -> None:
 
 @job("test.start_then_sleep")
 def start_then_sleep(payload: str) -> None:
-    """Leaves its start trace, then touches no database: a partition does not hang its end."""
+    """Leaves its start trace, then touches no database: a partition does not hang its end. The
+    trace's payload is ``<payload>:<local port of the connection that wrote it>``, so a test can
+    wait for that connection to be closed (tests/test_dead_connections.py): seeing the row
+    committed does not mean the server's answer reached the handler."""
     from django.db import connection
 
-    _trace("start", payload)
+    connection.ensure_connection()
+    _trace("start", f"{payload}:{_local_port(connection)}")
     connection.close()
     time.sleep(float(payload))
+
+
+def _local_port(connection) -> int:
+    """The local TCP port of a Django connection's socket (0 on SQLite)."""
+    import socket
+
+    from django_rws_jobs.deadline import socket_of
+
+    fd = socket_of(connection.connection)
+    if fd is None:
+        return 0
+    with socket.socket(fileno=os.dup(fd)) as s:
+        return s.getsockname()[1]
 
 
 @job("test.exit")
