@@ -609,6 +609,11 @@ def main() -> None:
         help="measure the drain beside jobs waiting on a busy concurrency key, and the plain drain "
         "beside it, only",
     )
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        help="PostgreSQL through PgBouncer in transaction mode (tests/pgbouncer.py starts it)",
+    )
     parser.add_argument("--db-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.small:
@@ -619,6 +624,21 @@ def main() -> None:
         setup_django(args.db_child)
         print(json.dumps(run_db(args.db_child, args)))
         return
+    bouncer = None
+    if args.pgbouncer:
+        sys.path.insert(0, str(ROOT))
+        from tests.pgbouncer import PgBouncer, free_port
+
+        bouncer = PgBouncer(free_port(), 5432)
+        os.environ.update(RWS_BENCH_PGPORT=str(bouncer.port), RWS_BENCH_POOLER="transaction")
+    try:
+        run_all(args)
+    finally:
+        if bouncer is not None:
+            bouncer.stop()
+
+
+def run_all(args: argparse.Namespace) -> None:
     speed = min(python_speed() for _ in range(3))
     out = {
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores, "

@@ -25,7 +25,10 @@ elif DB == "postgres":
             "NAME": NAME,
             "USER": "postgres",
             "HOST": "127.0.0.1",
-            "PORT": "5432",
+            # RWS_BENCH_PGPORT: another port, such as run.py --pgbouncer's PgBouncer, which
+            # RWS_BENCH_POOLER tells the queue of (Django's setting for transaction poolers).
+            "PORT": os.environ.get("RWS_BENCH_PGPORT", "5432"),
+            "DISABLE_SERVER_SIDE_CURSORS": bool(os.environ.get("RWS_BENCH_POOLER")),
         }
     }
 elif DB == "mysql":

@@ -73,6 +73,16 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
         lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
         "None or a str of at least 16 characters",
     ),
+    "POOLER": (
+        "rws_jobs.E024",
+        lambda v: v in (None, "transaction", "session"),
+        'None, "transaction" or "session"',
+    ),
+    "LISTEN_DATABASE": (
+        "rws_jobs.E025",
+        lambda v: v is None or (isinstance(v, str) and v in connections.settings),
+        "None or an alias in DATABASES",
+    ),
     "SQLITE_SETUP_ALIASES": (
         "rws_jobs.E014",
         lambda v: (

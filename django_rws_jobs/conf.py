@@ -27,6 +27,14 @@ DEFAULTS: dict[str, Any] = {
     # PostgreSQL: whether the worker's claims and outcomes wait for the WAL flush. Off, a database
     # crash can undo the last ones, which makes those jobs run again; no job is ever lost.
     "WORKER_SYNCHRONOUS_COMMIT": False,
+    # PostgreSQL: "transaction" when DATABASE is reached through a pooler in transaction mode
+    # (PgBouncer, Supavisor, RDS Proxy): no prepared statements, no LISTEN on it. "session" when
+    # each connection is the worker's own (directly, or a pooler in session mode). None: read it
+    # from Django's DISABLE_SERVER_SIDE_CURSORS of that alias (True means "transaction").
+    "POOLER": None,
+    # PostgreSQL: the alias (with the same database) the worker LISTENs on for wake-ups; None:
+    # DATABASE, unless it is behind a transaction pooler, where workers poll instead.
+    "LISTEN_DATABASE": None,
     # SQLite aliases besides the queue's (DATABASE) whose connections get the queue's set-up:
     # WAL, synchronous=NORMAL, IMMEDIATE transactions, a busy timeout.
     "SQLITE_SETUP_ALIASES": [],

@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from django.db import Error as DatabaseError
@@ -22,6 +23,8 @@ from .store import Store
 
 logger = logging.getLogger("django_rws_jobs")
 
+_NO_LOCK: AbstractContextManager[Any] = nullcontext()  # (reusable: it holds nothing)
+
 #: The first wait after a failure, doubled after each one up to MAX_DELAY (seconds).
 FIRST_DELAY = 0.2
 MAX_DELAY = 5.0
@@ -32,12 +35,16 @@ class Connection:
 
     ``private`` (the default) is a connection of the thread's own, which Django's per-request
     handling never closes; otherwise it is Django's connection for this thread, reopened when an
-    error left it unusable.
+    error left it unusable. ``shared``: a private connection that several threads use in turn,
+    each call of a :class:`Retry` holding ``lock`` (the worker's bookkeeping roles, so that a
+    worker holds at most its threads + 4 connections: tests/test_pooler.py).
     """
 
-    def __init__(self, alias: str, *, private: bool = True):
+    def __init__(self, alias: str, *, private: bool = True, shared: bool = False):
         self.alias = alias
-        self.private = private
+        self.private = private or shared
+        self.lock: AbstractContextManager[Any] = threading.RLock() if shared else _NO_LOCK
+        self._shared = shared
         self._conn: BaseDatabaseWrapper | None = None
         self._store: Store | None = None
 
@@ -49,7 +56,24 @@ class Connection:
             return conn
         if self._conn is None:
             self._conn = private_connection(self.alias)
+            if self._shared:
+                self._conn.inc_thread_sharing()
         return self._conn
+
+    @contextmanager
+    def registered(self) -> Iterator[BaseDatabaseWrapper]:
+        """This connection as the calling thread's Django connection for its alias while the block
+        runs, for code that goes through the ORM (the scheduler's tick, pruning task results)."""
+        conn = self.connection()
+        if not self.private:
+            yield conn
+            return
+        before = connections[self.alias]
+        connections[self.alias] = conn
+        try:
+            yield conn
+        finally:
+            connections[self.alias] = before
 
     def store(self) -> Store:
         # One Store per connection: it is asked for on every claim and completion.
@@ -59,13 +83,14 @@ class Connection:
 
     def reset(self) -> None:
         """Drop the connection; the next use opens a new one."""
-        conn = self._conn if self.private else connections[self.alias]
-        self._conn, self._store = None, None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # noqa: BLE001, S110  (already broken: dropping it is all we need)
-                pass
+        with self.lock:
+            conn = self._conn if self.private else connections[self.alias]
+            self._conn, self._store = None, None
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001, S110  (already broken: dropping it is all we need)
+                    pass
 
     close = reset
 
@@ -103,17 +128,22 @@ class Retry:
     def _run(self, fn: Callable[[Connection], Any], what: str, deadline: float | None) -> Any:
         delay = FIRST_DELAY
         w = self._watch
+        holder = self.holder
         while True:
             try:
-                if w is None:
-                    return fn(self.holder)
-                w.start(self.holder.connection(), what)
-                try:
-                    return fn(self.holder)
-                finally:
-                    w.done()
+                with holder.lock:
+                    try:
+                        if w is None:
+                            return fn(holder)
+                        w.start(holder.connection(), what)
+                        try:
+                            return fn(holder)
+                        finally:
+                            w.done()
+                    except DatabaseError:
+                        holder.reset()
+                        raise
             except DatabaseError as exc:
-                self.holder.reset()
                 if not is_transient(exc):
                     raise
                 if deadline is None:

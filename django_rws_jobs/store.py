@@ -38,7 +38,7 @@ class Store:
         self.features = self.backend.features
         self.private = getattr(conn, "rws_private", False)
         # The worker's own PostgreSQL connections prepare the statements that run for every job
-        # (claim, completion, renewal): see PostgreSQLBackend.prepares_statements.
+        # (claim, completion, renewal): see PostgreSQLBackend.prepares_statements and ScopedCursor.
         self.prepare = self.backend.prepares_statements()
         # Where the last claim stopped, (priority, next_run_at, created_at, id), and until when
         # (time.monotonic()) the next claim may start there (see MySQLBackend.claim_band).
@@ -68,7 +68,7 @@ class Store:
     def execute(self, c: Any, sql: str, params: list[Any]) -> None:
         """Run one of the hot statements, prepared where ``self.prepare`` says so."""
         if self.prepare:
-            c.cursor.execute(sql, params, prepare=True)
+            c.execute(sql, params, True)
         else:
             c.execute(sql, params)
 

@@ -29,11 +29,13 @@ ensure_system_packages() {
     command -v pkg-config >/dev/null || need_apt+=(pkg-config)
     command -v gcc >/dev/null || need_apt+=(gcc)
     # scripts/test: the browser test uses Debian's chromium, the clock tests run workers under
-    # libfaketime, the dead-connection tests drop packets with iptables.
+    # libfaketime, the dead-connection tests drop packets with iptables, the pooler tests put
+    # PgBouncer in front of PostgreSQL.
     if [ "${1:-}" = test ]; then
         command -v chromium >/dev/null || need_apt+=(chromium)
         ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || need_apt+=(faketime)
         command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || need_apt+=(iptables)
+        [ -x /usr/sbin/pgbouncer ] || need_apt+=(pgbouncer)  # tests/pgbouncer.py
     fi
     if [ "${1:-}" = valgrind ]; then command -v valgrind >/dev/null || need_apt+=(valgrind); fi
     if [ ${#need_apt[@]} -gt 0 ]; then

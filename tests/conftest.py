@@ -1,4 +1,5 @@
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +29,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+_pgbouncer = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """RWS_TEST_POOLER=pgbouncer: start PgBouncer where tests/settings.py points the run."""
+    global _pgbouncer
+    if os.environ.get("RWS_TEST_POOLER") != "pgbouncer":
+        return
+    from django.conf import settings
+
+    from tests.pgbouncer import PgBouncer
+
+    try:
+        socket.create_connection(("127.0.0.1", settings.PGBOUNCER_PORT), timeout=1).close()
+        return  # one is running there already (a run of scripts/repeat left it, or its owner)
+    except OSError:
+        pass
+    _pgbouncer = PgBouncer(settings.PGBOUNCER_PORT, int(os.environ.get("PGPORT", "5432")))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _pgbouncer is not None:
+        _pgbouncer.stop()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's, and behind PgBouncer its server connections to the test database closed
+    before the database is dropped (DROP DATABASE refuses a database in use)."""
+    yield
+    if os.environ.get("RWS_TEST_POOLER") == "pgbouncer":
+        from django.conf import settings
+
+        from tests.pgbouncer import admin
+
+        admin(settings.PGBOUNCER_PORT, f"KILL {connection.settings_dict['NAME']}")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -68,6 +68,29 @@ elif DB == "mysql":
 else:
     raise RuntimeError(f"RWS_TEST_DB={DB!r}: use sqlite, postgres or mysql")
 
+# RWS_TEST_POOLER=pgbouncer: the run and its workers reach PostgreSQL through PgBouncer in
+# transaction mode on RWS_TEST_PGBOUNCER_PORT (started by tests/conftest.py), told as Django's
+# docs ask of such projects.
+POOLER = os.environ.get("RWS_TEST_POOLER")
+PGBOUNCER_PORT = int(os.environ.get("RWS_TEST_PGBOUNCER_PORT", "6439"))
+if POOLER == "pgbouncer":
+    if DB != "postgres":
+        raise RuntimeError("RWS_TEST_POOLER=pgbouncer needs RWS_TEST_DB=postgres")
+    DATABASES["default"]["PORT"] = str(PGBOUNCER_PORT)
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+elif POOLER:
+    raise RuntimeError(f"RWS_TEST_POOLER={POOLER!r}: use pgbouncer or leave it unset")
+# tests/test_pooler.py's workers: Django told of the pooler, and an alias that bypasses it.
+if os.environ.get("RWS_TEST_DISABLE_SERVER_SIDE_CURSORS"):
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+if os.environ.get("RWS_TEST_DIRECT_PORT"):
+    DATABASES["direct"] = {
+        **DATABASES["default"],
+        "PORT": os.environ["RWS_TEST_DIRECT_PORT"],
+        "DISABLE_SERVER_SIDE_CURSORS": False,
+        "TEST": {"MIRROR": "default"},
+    }
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",

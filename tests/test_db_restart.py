@@ -81,9 +81,22 @@ def _psql(sql: str) -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
-def test_worker_carries_on_after_postgres_restarts(private_pg, tmp_path):
+@pytest.fixture
+def port(private_pg):
+    """The private server's port, or (RWS_TEST_POOLER=pgbouncer) a PgBouncer's in front of it."""
+    if not os.environ.get("RWS_TEST_POOLER"):
+        yield {"PGPORT": PORT}
+        return
+    from tests.pgbouncer import PgBouncer, free_port
+
+    bouncer = PgBouncer(free_port(), int(PORT))
+    yield {"RWS_TEST_PGBOUNCER_PORT": str(bouncer.port)}
+    bouncer.stop()
+
+
+def test_worker_carries_on_after_postgres_restarts(private_pg, port, tmp_path):
     env = subprocess_env(
-        PGPORT=PORT,
+        **port,
         RWS_TEST_DB_NAME="rws_restart",
         RWS_TEST_JOBS='{"LEASE_SECONDS": 5, "RECOVERY_INTERVAL": 1}',
     )

@@ -24,7 +24,12 @@ pytestmark = [
 ]
 
 IPTABLES = shutil.which("iptables") or "/usr/sbin/iptables"
-PORT_VARIABLE = {"postgresql": "PGPORT", "mysql": "MYSQL_PORT"}
+#: The variable tests/settings.py takes the worker's port from (through PgBouncer: PgBouncer's,
+#: so the proxy stands between the worker and the pooler).
+PORT_VARIABLE = {
+    "postgresql": "RWS_TEST_PGBOUNCER_PORT" if os.environ.get("RWS_TEST_POOLER") else "PGPORT",
+    "mysql": "MYSQL_PORT",
+}
 
 
 @pytest.fixture

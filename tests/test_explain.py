@@ -91,16 +91,19 @@ def generic_plan(sql: str, params: list) -> str:
 
     numbers = itertools.count(1)
     text = re.sub("%s", lambda _: f"${next(numbers)}", sql.replace("%%", "%"))
-    conn = private_connection("default")  # with the worker's session settings
+    conn = private_connection("default")
     try:
-        with conn.cursor() as c:
-            c.execute("SET plan_cache_mode TO force_generic_plan")
-            c.execute(f"PREPARE rws_claim AS {text}")
-            literals = ", ".join(
-                str(v) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'" for v in params
-            )
-            c.execute(f"EXPLAIN EXECUTE rws_claim({literals})")
-            return "\n".join(r[0] for r in c.fetchall())
+        c = backend_for(conn).driver_cursor()  # the worker's settings, for each transaction
+        c.execute("BEGIN")
+        c.execute("SET LOCAL plan_cache_mode TO force_generic_plan")
+        c.execute(f"PREPARE rws_claim AS {text}")
+        literals = ", ".join(
+            str(v) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'" for v in params
+        )
+        c.execute(f"EXPLAIN EXECUTE rws_claim({literals})")
+        rows = c.fetchall()
+        c.execute("ROLLBACK")
+        return "\n".join(r[0] for r in rows)
     finally:
         conn.close()
 
@@ -317,11 +320,11 @@ def test_claim_keeps_to_the_claim_index_with_statistics_from_before_a_burst():
             [now - 5, now - 5],
         )
     claim = claim_update(None, now, 4)
-    conn = private_connection("default")  # with the worker's session settings
+    conn = private_connection("default")
     try:
-        with conn.cursor() as c:
-            c.execute("EXPLAIN " + claim.text, claim.params)
-            text = "\n".join(r[0] for r in c.fetchall())
+        c = backend_for(conn).driver_cursor()  # the worker's settings, for the statement's transaction
+        c.execute("EXPLAIN " + claim.text, claim.params)
+        text = "\n".join(r[0] for r in c.fetchall())
     finally:
         conn.close()
     assert_index_range(text)

@@ -468,53 +468,65 @@ def test_processes_option_shares_the_work_and_stops_cleanly(workers):
 
 
 @pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL setting")
-def test_worker_bookkeeping_connection_settings_on_postgres(settings):
+def test_the_workers_settings_hold_for_its_statements_and_end_with_them(settings):
+    from django_rws_jobs.backends import backend_for
     from django_rws_jobs.db import private_connection
 
-    def show(conn, name):
+    names = ("synchronous_commit", "enable_seqscan", "enable_sort", "enable_incremental_sort", "jit")
+    current = "SELECT " + ", ".join(f"current_setting('{n}')" for n in names)
+
+    def session(conn):
         with conn.cursor() as c:
-            c.execute(f"SHOW {name}")
-            return c.fetchone()[0]
+            c.execute(current)
+            return c.fetchone()
 
     conn = private_connection("default")
     try:
-        assert show(conn, "synchronous_commit") == "off"
-        assert show(conn, "enable_seqscan") == "off"  # prepared plans keep to the indexes
-        assert conn.settings_dict["OPTIONS"]["server_side_binding"] is True
+        scoped = backend_for(conn).driver_cursor()  # what the worker's Store sends its statements with
+        scoped.execute(current)
+        assert scoped.fetchone() == ("off",) * 5  # prepared plans keep to the indexes
+        # ... for that statement's transaction only: the session (which a transaction pooler
+        # lends to other clients next) keeps the server's values.
+        assert session(conn) == ("on",) * 5
+        scoped.execute("BEGIN")
+        scoped.execute(current)
+        assert scoped.fetchone() == ("off",) * 5
+        scoped.execute("COMMIT")
+        assert session(conn) == ("on",) * 5
         # Disabled sorts price the band walk's sort of its own rows above jit_above_cost: JIT
-        # compiled it for 170 ms. It must be off on the worker's connections.
-        assert show(conn, "jit") == "off"
-        from django_rws_jobs.backends import backend_for
-
+        # compiled it for 170 ms. It must be off for the worker's statements.
         band_walk = backend_for(conn).due_band_select(None, None, 0)
+        scoped.execute("EXPLAIN " + band_walk.text, band_walk.params)
+        text = "\n".join(r[0] for r in scoped.fetchall())
         with conn.cursor() as c:
-            c.execute("EXPLAIN " + band_walk.text, band_walk.params)
-            text = "\n".join(r[0] for r in c.fetchall())
-        assert float(text.split("..")[1].split()[0]) > float(show(conn, "jit_above_cost")), text
+            c.execute("SHOW jit_above_cost")
+            assert float(text.split("..")[1].split()[0]) > float(c.fetchone()[0]), text
         assert "JIT" not in text, text
     finally:
         conn.close()
     settings.RWS_JOBS = {"WORKER_SYNCHRONOUS_COMMIT": True}
     conn = private_connection("default")
     try:
-        assert show(conn, "synchronous_commit") == "on"
+        scoped = backend_for(conn).driver_cursor()
+        scoped.execute(current)
+        assert scoped.fetchone() == ("on",) + ("off",) * 4
     finally:
         conn.close()
-    from django.db import connection as default
-
-    assert show(default, "synchronous_commit") == "on"  # the project's own connections are untouched
-    assert show(default, "enable_seqscan") == "on"
 
 
 @pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL setting")
-def test_worker_prepares_its_hot_statements_only_with_server_side_binding(settings):
+@pytest.mark.skipif(
+    bool(os.environ.get("RWS_TEST_POOLER")), reason="reads pg_prepared_statements of a session"
+)
+def test_worker_prepares_its_hot_statements_unless_behind_a_transaction_pooler(settings):
     from django_rws_jobs.db import private_connection
     from django_rws_jobs.store import Store
 
-    def prepared_after_a_drain(options):
+    def prepared_after_a_drain(**database):
         for i in range(12):
             rws.enqueue("test.noop", str(i))
-        settings.DATABASES["default"]["OPTIONS"] = options
+        db.clear()
+        db.update(original, **database)
         claimer = Store(private_connection("default"))
         try:
             for i in range(6):
@@ -522,22 +534,34 @@ def test_worker_prepares_its_hot_statements_only_with_server_side_binding(settin
                 claimer.complete_many(claimer.claim(f"t{i}", now, now + 60, None, 2))
             with claimer.conn.cursor() as c:
                 c.execute("SELECT statement FROM pg_prepared_statements")
-                return [r[0].split(" WHERE")[0] for r in c.fetchall()]
+                return [re.sub(r"^PREPARE rws_\d+ AS ", "", r[0]).split(" WHERE")[0] for r in c.fetchall()]
         finally:
             claimer.conn.close()
 
-    original = settings.DATABASES["default"].get("OPTIONS", {})
+    db = settings.DATABASES["default"]  # the dict Django's connections read
+    original = dict(db)
     try:
-        assert sorted(prepared_after_a_drain(dict(original))) == [
+        assert sorted(prepared_after_a_drain()) == [
             "DELETE FROM rws_jobs",
             "UPDATE rws_jobs SET status = 'running', locked_by = $1, locked_until = $2, started_at = $3",
         ]
         assert Job.objects.count() == 0
-        # Behind a pooler that cannot keep prepared statements: nothing is prepared.
-        assert prepared_after_a_drain({**original, "server_side_binding": False}) == []
+        # Behind a transaction pooler a name would stay on one server connection: nothing is
+        # prepared, whether RWS_JOBS or Django's setting says so (or, as before RWS_JOBS had
+        # POOLER, OPTIONS turn off server-side binding).
+        assert prepared_after_a_drain(DISABLE_SERVER_SIDE_CURSORS=True) == []
+        assert (
+            prepared_after_a_drain(OPTIONS={**original.get("OPTIONS", {}), "server_side_binding": False})
+            == []
+        )
+        settings.RWS_JOBS = {"POOLER": "transaction"}
+        assert prepared_after_a_drain() == []
+        settings.RWS_JOBS = {"POOLER": "session"}
+        assert len(prepared_after_a_drain(DISABLE_SERVER_SIDE_CURSORS=True)) == 2
         assert Job.objects.count() == 0
     finally:
-        settings.DATABASES["default"]["OPTIONS"] = original  # a nested dict: the fixture would not restore it
+        db.clear()
+        db.update(original)  # a nested dict: the fixture would not restore it
 
 
 def test_a_job_enqueued_inside_the_worker_process_wakes_it(workers):
@@ -598,12 +622,20 @@ def picks_up_at_once(w: "WorkerProcess", payload: str) -> None:
 
 
 @skip_unless_db_feature("wakeup", "listen")
+@pytest.mark.skipif(
+    bool(os.environ.get("RWS_TEST_POOLER")),
+    reason="no LISTEN through a transaction pooler (tests/test_pooler.py)",
+)
 def test_notify_wakes_an_idle_postgres_worker(workers):
     w = start_idle_postgres_worker(workers, jobs={"POLL_INTERVAL": 30})  # its next poll 30 s away
     picks_up_at_once(w, "notified")
 
 
 @skip_unless_db_feature("wakeup", "listen")
+@pytest.mark.skipif(
+    bool(os.environ.get("RWS_TEST_POOLER")),
+    reason="no LISTEN through a transaction pooler (tests/test_pooler.py)",
+)
 def test_an_idle_postgres_worker_polls_when_no_notification_arrives(workers):
     # Behind a pooler that breaks LISTEN (PgBouncer in transaction mode) no notification reaches
     # the worker; here the insert trigger is off, which has the same effect. Polling still finds
@@ -633,6 +665,10 @@ def test_an_idle_postgres_worker_polls_when_no_notification_arrives(workers):
 
 
 @pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="LISTEN/NOTIFY")
+@pytest.mark.skipif(
+    bool(os.environ.get("RWS_TEST_POOLER")),
+    reason="no LISTEN through a transaction pooler (tests/test_pooler.py)",
+)
 def test_the_listener_listens_again_after_losing_its_connection(workers):
     from django.db import connection
 

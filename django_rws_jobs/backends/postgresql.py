@@ -2,21 +2,61 @@
 
 from __future__ import annotations
 
+import itertools
+import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cached_property
 from typing import Any
 
+from django.db import transaction
+
 from ..conf import jobs_settings
 from .base import BaseBackend, BaseFeatures
+from .cursors import DriverCursor
 from .inserts import COPY_SQL
 from .statements import Sql, queue_filter
 
-#: psycopg's prepare_threshold for the worker's connections: only statements executed with
-#: ``prepare=True`` (the hot ones, see Store.execute) are prepared.
-PREPARE_WHEN_ASKED = 2**31 - 1
 #: The SQLSTATE of a statement stopped by statement_timeout.
 QUERY_CANCELED = "57014"
+
+
+#: The worker's settings, for the transaction of each of its statements only (see ScopedCursor).
+#: The worker's statements are all ranges of an index that already has their order, and some are
+#: prepared. A plan made once for any parameters while the table held a few rows would read the
+#: whole table once it holds a million, and with statistics from before a burst of enqueues the
+#: claim read every due row and sorted them. Without sequential scans and sorts the planner keeps
+#: to the claim index whatever the table's size and statistics (tests/test_explain.py). A plan
+#: that must sort anyway (the band walk's last row) is then priced above jit_above_cost: JIT is
+#: off, or PostgreSQL would compile it, many times the statement's own time.
+PLANNER_SETTINGS = {
+    "enable_seqscan": "off",
+    "enable_sort": "off",
+    "enable_incremental_sort": "off",
+    "jit": "off",
+}
+
+
+def prologue() -> str:
+    """The statement that gives a transaction the worker's settings (set_config(..., true) lasts
+    until the transaction ends). Claims and outcomes need not wait for the WAL flush unless
+    WORKER_SYNCHRONOUS_COMMIT: a database crash can only undo the last of them, and an undone
+    claim or outcome makes a job run again (the at-least-once promise), never lose it."""
+    settings = dict(PLANNER_SETTINGS)
+    if not jobs_settings.WORKER_SYNCHRONOUS_COMMIT:
+        settings["synchronous_commit"] = "off"
+    return "SELECT " + ", ".join(f"set_config('{k}', '{v}', true)" for k, v in settings.items())
+
+
+def behind_transaction_pooler(settings_dict: dict[str, Any]) -> bool:
+    """Whether the connections of ``settings_dict`` go through a pooler in transaction mode:
+    RWS_JOBS["POOLER"], else Django's DISABLE_SERVER_SIDE_CURSORS (which Django's docs ask of
+    such projects)."""
+    pooler = jobs_settings.POOLER
+    if pooler is None:
+        return bool(settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"))
+    return pooler == "transaction"
 
 
 def _is_psycopg3() -> bool:
@@ -36,6 +76,75 @@ DEAD_PEER_OPTIONS = {
     "keepalives_count": 3,
     "tcp_user_timeout": 20_000,
 }
+
+
+class ScopedCursor(DriverCursor):
+    """The cursor a Store keeps on a worker's own PostgreSQL connection: no session state.
+
+    Each statement outside a transaction is sent after the prologue in one simple query, which
+    PostgreSQL runs as one implicit transaction: the settings hold for the statement and end with
+    it, so a server connection that a transaction pooler lends to another client next carries none
+    of them (tests/test_pooler.py). A BEGIN is sent with the prologue. A statement the Store
+    prepares is PREPAREd once by SQL and sent as EXECUTE, so its plan is made (and made again
+    after the table's statistics change) with the settings in force; behind a transaction pooler,
+    where a prepared statement would stay on one server connection, it is sent whole instead.
+    Parameters are bound by the client (psycopg's ClientCursor), as a simple query needs.
+    """
+
+    __slots__ = ("_in_transaction", "_names", "_prepares", "_prologue", "_stops_at_first")
+
+    def __init__(self, raw: Any, errors: Any, prologue: str, prepares: bool):
+        self._stops_at_first = _is_psycopg3()  # psycopg 3 shows the first result; psycopg2 the last
+        if self._stops_at_first:
+            import psycopg
+
+            cursor = psycopg.ClientCursor(raw)
+        else:
+            cursor = raw.cursor()  # psycopg2 binds on the client
+        super().__init__(cursor, False, errors)
+        self._prologue = prologue
+        self._prepares = prepares
+        self._names: OrderedDict[str, str] = OrderedDict()
+        self._in_transaction = False
+
+    def execute(self, sql: str, params: Sequence[Any] = (), prepare: bool = False) -> Any:
+        c = self.cursor
+        if prepare and self._prepares:
+            name = self._prepared(sql)
+            sql = f"EXECUTE {name}({', '.join(['%s'] * len(params))})" if params else f"EXECUTE {name}"
+        if self._in_transaction:
+            if sql in ("COMMIT", "ROLLBACK"):
+                self._in_transaction = False
+            return c.execute(sql, params)
+        if sql == "BEGIN":
+            self._in_transaction = True
+            return c.execute(f"BEGIN; {self._prologue}")
+        c.execute(f"{self._prologue}; {sql}", params)
+        if self._stops_at_first:
+            c.nextset()
+        return c
+
+    def _prepared(self, sql: str) -> str:
+        """The name ``sql`` is PREPAREd under on this connection (the last MAX_PREPARED kept)."""
+        name = self._names.get(sql)
+        if name is not None:
+            self._names.move_to_end(sql)
+            return name
+        if len(self._names) >= MAX_PREPARED:
+            _, old = self._names.popitem(last=False)
+            self.cursor.execute(f"DEALLOCATE {old}")
+        name = f"rws_{next(_NAMES)}"
+        numbers = itertools.count(1)
+        text = _PLACEHOLDER.sub(lambda _: f"${next(numbers)}", sql).replace("%%", "%")
+        self.cursor.execute(f"PREPARE {name} AS {text}")
+        self._names[sql] = name
+        return name
+
+
+#: How many statements a ScopedCursor keeps PREPAREd (psycopg's own default).
+MAX_PREPARED = 100
+_NAMES = itertools.count(1)
+_PLACEHOLDER = re.compile(r"(?<!%)%s")
 
 
 class PostgreSQLFeatures(BaseFeatures):
@@ -71,72 +180,54 @@ class PostgreSQLBackend(BaseBackend):
         due = self.due_rows("priority", queues, below, now)
         return Sql("SELECT MAX(priority) FROM (").join(due).add(" OFFSET 0) AS due")
 
-    def configure_session(self) -> None:
-        if not getattr(self.conn, "rws_private", False):
-            return
-        # (SETs, not startup options, so that PgBouncer accepts them.)
-        with self.conn.cursor() as cursor:
-            # The worker's statements are all ranges of an index that already has their order,
-            # and some are prepared. A plan made once for any parameters while the table held a
-            # few rows would read the whole table once it holds a million, and with statistics
-            # from before a burst of enqueues the claim read every due row and sorted them.
-            # Without sequential scans and sorts the planner keeps to the claim index whatever
-            # the table's size and statistics (tests/test_explain.py). A plan that must sort
-            # anyway (the band walk's last row) is then priced above jit_above_cost: JIT is off,
-            # or PostgreSQL would compile it, many times the statement's own time.
-            cursor.execute(
-                "SELECT set_config('enable_seqscan', 'off', false), "
-                "set_config('enable_sort', 'off', false), "
-                "set_config('enable_incremental_sort', 'off', false), "
-                "set_config('jit', 'off', false)"
-            )
-            if not jobs_settings.WORKER_SYNCHRONOUS_COMMIT:
-                # Claims and outcomes need not wait for the WAL flush: a database crash can only
-                # undo the last of them, and an undone claim or outcome makes a job run again
-                # (the at-least-once promise), never lose it. Enqueues keep the project's
-                # durability.
-                cursor.execute("SET synchronous_commit TO off")
+    def driver_cursor(self) -> DriverCursor:
+        raw = self.conn.cursor().cursor.connection  # connects as Django does
+        return ScopedCursor(raw, self.conn.wrap_database_errors, prologue(), self.prepares_statements())
 
     @contextmanager
     def time_limit(self, seconds: float) -> Iterator[None]:
-        with self.conn.cursor() as c:
-            c.execute("SELECT current_setting('statement_timeout')")
-            (before,) = c.fetchone()
-            c.execute(
-                "SELECT set_config('statement_timeout', %s, false)", [f"{max(1, round(seconds * 1000))}ms"]
-            )
-        try:
-            yield
-        finally:
+        # statement_timeout for this transaction only (set_config(..., true)): behind a
+        # transaction pooler a session value would stay on a server connection that another
+        # client gets next (tests/test_pooler.py).
+        # Inside a caller's transaction (ATOMIC_REQUESTS) the old value is put back on the way
+        # out; a statement that failed takes the value with it when its savepoint rolls back.
+        with transaction.atomic(using=self.conn.alias):
             with self.conn.cursor() as c:
-                c.execute("SELECT set_config('statement_timeout', %s, false)", [before])
+                c.execute(
+                    "SELECT current_setting('statement_timeout'), set_config('statement_timeout', %s, true)",
+                    [f"{max(1, round(seconds * 1000))}ms"],
+                )
+                (before, _) = c.fetchone()
+            yield
+            with self.conn.cursor() as c:
+                c.execute("SELECT set_config('statement_timeout', %s, true)", [before])
 
     def is_time_limit_error(self, exc: BaseException) -> bool:
         cause = exc.__cause__
         return (getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)) == QUERY_CANCELED
 
     def private_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        # The same few statements run for every job: the Store prepares them (and only them: a
-        # threshold no statement reaches keeps psycopg from preparing anything else, whose generic
-        # plan nobody checked), so PostgreSQL stops planning each one anew. A project behind a
-        # pooler that cannot keep prepared statements sets OPTIONS["server_side_binding"] = False.
         # A peer that vanished (a dropped NAT entry, a firewall that drops packets) is noticed by
         # TCP within seconds instead of Linux's two hours; a project's own values are kept.
         for key, value in DEAD_PEER_OPTIONS.items():
             options.setdefault(key, value)
-        options.setdefault("server_side_binding", True)
-        if options["server_side_binding"] is True:
-            options.setdefault("prepare_threshold", PREPARE_WHEN_ASKED)
+        # psycopg 3 prepares nothing by itself here: the hot statements are PREPAREd by SQL, where
+        # that is allowed (ScopedCursor, prepares_statements).
+        if _is_psycopg3():
+            options["prepare_threshold"] = None
         return options
 
     def prepares_statements(self) -> bool:
-        # Only where private_options() turned on server-side binding, so OPTIONS
-        # ["server_side_binding"] = False (behind a pooler) turns this off too.
+        # The same few statements run for every job: prepared, PostgreSQL stops planning each one
+        # anew. Not behind a transaction pooler (the name would stay on one server connection and
+        # be missing, or taken, on the next: tests/test_pooler.py), nor where the project turned
+        # off server-side binding, as the docs asked before RWS_JOBS["POOLER"].
         conn = self.conn
         return (
             getattr(conn, "rws_private", False)
             and _is_psycopg3()
-            and conn.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True
+            and not behind_transaction_pooler(conn.settings_dict)
+            and conn.settings_dict.get("OPTIONS", {}).get("server_side_binding") is not False
         )
 
     def insert_many(

@@ -18,7 +18,7 @@ import time
 
 from django.db import Error as DatabaseError
 
-from ..reconnect import Connection, Retry
+from ..reconnect import Retry
 from ..store import Claimed
 from .executor import STOPPING
 from .shared import Shared
@@ -47,7 +47,7 @@ class CancelWatcher:
     def __init__(self, shared: Shared):
         self.shared = shared
         self.done = threading.Event()  # set at shutdown, once the last outcomes are recorded
-        self.holder = Connection(shared.alias)
+        self.holder = shared.bookkeeping
         self.db = Retry(self.holder, shared.stop)
         self.first_seen: dict[tuple[str, str], float] = {}  # (token, id) -> time.monotonic()
         self.stopped: set[tuple[str, str]] = set()

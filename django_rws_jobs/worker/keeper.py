@@ -42,7 +42,7 @@ class LeaseKeeper:
         self.shared = shared
         self.registration = registration  # this worker's row in rws_workers, renewed each round
         self.done = threading.Event()
-        self.holder = Connection(shared.alias)
+        self.holder = shared.bookkeeping
         self.db = Retry(self.holder, shared.stop)
         self.lease = int(jobs_settings.LEASE_SECONDS)
         self.next_recovery = time.monotonic() + jobs_settings.recovery_interval
@@ -76,7 +76,7 @@ class LeaseKeeper:
             if time.monotonic() >= self.next_recovery and not self.shared.stop.is_set():
                 self.db.once(lambda c: recover(c.store()), "recovering expired leases")
                 self.db.once(lambda c: self._tidy(c.store()), "tidying workers and cancelled jobs")
-                prune_expired(self.shared.alias)  # django.tasks results past their retention
+                self.db.once(self._prune_task_results, "pruning task results")
                 self.next_recovery = time.monotonic() + jobs_settings.recovery_interval
         except DatabaseError as exc:
             if not is_transient(exc):
@@ -86,6 +86,11 @@ class LeaseKeeper:
             logger.exception("lease keeper error")
         finally:
             self._report_lapsed(held)
+
+    def _prune_task_results(self, holder: Connection) -> None:
+        """django.tasks results past their retention (through the ORM, on this connection)."""
+        with holder.registered():
+            prune_expired(self.shared.alias)
 
     def _tidy(self, store: Any) -> None:
         """Delete dead workers' rows after an hour, and cancelled jobs past their retention."""

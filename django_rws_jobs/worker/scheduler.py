@@ -27,10 +27,18 @@ class Scheduler:
 
     ROLE = "rws-scheduler"
 
-    def __init__(self, stop: threading.Event, alias: str, progress: Progress | None = None):
+    def __init__(
+        self,
+        stop: threading.Event,
+        alias: str,
+        progress: Progress | None = None,
+        holder: Connection | None = None,
+    ):
+        """``holder``: the connection to tick on (a worker's bookkeeping one); by default this
+        thread's Django connection."""
         self.stop = stop
         self.alias = alias
-        self.db = Retry(Connection(alias, private=False), stop)
+        self.db = Retry(Connection(alias, private=False) if holder is None else holder, stop)
         self.progress = Progress() if progress is None else progress  # each tick a turn
 
     def loop(self) -> None:
@@ -54,9 +62,10 @@ class Scheduler:
     def run_once(self, schedules: list[Schedule], now: int | None = None) -> int:
         """Enqueue the due jobs of ``schedules``; return how many."""
         try:
-            return self.db.once(
-                lambda c: tick_schedules(now, using=c.connection().alias, schedules=schedules),
-                "ticking the schedules",
-            )
+            return self.db.once(lambda c: self._tick(c, now, schedules), "ticking the schedules")
         except DatabaseError:
             return 0  # logged by Retry; the next second tries again
+
+    def _tick(self, holder: Connection, now: int | None, schedules: list[Schedule]) -> int:
+        with holder.registered() as conn:
+            return tick_schedules(now, using=conn.alias, schedules=schedules)

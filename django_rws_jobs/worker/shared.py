@@ -140,6 +140,9 @@ class Shared:
         # new ones in their place.
         self.abandoned: set[int] = set()
         self.stats = Stats()
+        # One connection for the roles that each run a few statements a second or less: the
+        # lease keeper, the cancel watcher and the scheduler take turns on it (reconnect.Connection).
+        self.bookkeeping = Connection(alias, shared=True)
         self.counters = Counters()  # per minute, queue and job type: written by the completer
         self.progress = Progress()  # the watched roles' turns: the heartbeat file's (supervisor.py)
         self.exit_code = 0

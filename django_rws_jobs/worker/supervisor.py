@@ -32,7 +32,7 @@ from .completer import Completer, record_late_outcomes
 from .dispatcher import Dispatcher
 from .executor import Executor
 from .keeper import LeaseKeeper
-from .listener import Listener
+from .listener import Listener, listen_alias
 from .pool import ProcessExecutor, make_pool
 from .scheduler import Scheduler
 from .shared import Shared
@@ -192,18 +192,28 @@ class Worker:
     def _log_start(self, reading: clock.Reading | None) -> None:
         """The start-up line, with the host's clock offset from the database's."""
         logger.info(
-            "worker %s starting: %d %s, queues %s, database %r, lease %ss, %s%s%s",
+            "worker %s starting: %d %s, queues %s, database %r%s, lease %ss, %s%s%s",
             worker_id(),
             self.threads,
             "thread(s)" if self.pool is None else "child process(es)",
             ",".join(self.queues) if self.queues else "(all)",
             self.alias,
+            self._wakeups(),
             jobs_settings.LEASE_SECONDS,
             clock.describe(reading),
             ", burst" if self.burst else "",
             ", schedules on" if self.run_schedules else "",
         )
         self._warned_offset = clock.warn_if_off(reading, None)
+
+    def _wakeups(self) -> str:
+        """How the start-up line says wake-ups reach this worker, where that is not the default."""
+        if self.features.wakeup != "listen":
+            return ""
+        listen = listen_alias(self.alias)
+        if listen is None:
+            return f" (transaction pooler: polling every {self.poll_interval}s)"
+        return "" if listen == self.alias else f" (LISTEN on {listen!r})"
 
     def _roles(self) -> dict[str, Callable[[], None]]:
         """Thread name -> the role's loop. A restarted thread runs a new role object."""
@@ -230,9 +240,12 @@ class Worker:
         roles[LeaseKeeper.ROLE] = self._keeper.loop
         roles[CancelWatcher.ROLE] = self._cancels.loop
         if self.run_schedules and not self.burst:
-            roles[Scheduler.ROLE] = lambda: Scheduler(shared.stop, self.alias, shared.progress).loop()
-        if self.features.wakeup == "listen" and not self.burst:
-            roles["rws-listener"] = lambda: Listener(shared.stop, shared.wake, self.alias).loop()
+            roles[Scheduler.ROLE] = lambda: Scheduler(
+                shared.stop, self.alias, shared.progress, shared.bookkeeping
+            ).loop()
+        listen = listen_alias(self.alias) if self.features.wakeup == "listen" else None
+        if listen is not None and not self.burst:
+            roles["rws-listener"] = lambda: Listener(shared.stop, shared.wake, listen).loop()
         return roles
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
