@@ -185,3 +185,31 @@ def test_a_count_with_a_time_limit_leaves_the_session_as_it_was():
         assert backend.count_within(Job.objects.all(), 5) == 0
         assert timeout() == "7s"
     assert timeout() == before
+
+
+@pytest.mark.parametrize("conforming", ["on", "off"])
+def test_bound_literals_mean_the_values_whatever_the_strings_setting(conforming):
+    """What ScopedCursor writes into its simple queries reads back as the value it bound."""
+    from django_rws_jobs.backends.postgresql import _pieces
+
+    def bind(sql, params):
+        from django_rws_jobs.backends.postgresql import bind
+
+        return bind(_pieces(sql), params)
+
+    values = ["plain", "it's", "back\\slash", "\\'", "ünïcode ✓", "%s", "%%", "", "a\nb", 0, -5, 2**62, None]
+    values += [["a", "b'c", "d\\e"], ("x", "y")]
+    with connection.cursor() as c:
+        c.execute(f"SET standard_conforming_strings = {conforming}")
+        for value in values:
+            text = bind("SELECT %s, '100%%'", [value])
+            c.execute(text)  # (no parameters: Django and psycopg send it as it is)
+            got, percent = c.fetchone()
+            assert percent == "100%"
+            assert got == (list(value) if isinstance(value, tuple) else value), (value, text)
+        c.execute("SET standard_conforming_strings = on")
+    # What bind() leaves to psycopg, which refuses NUL and types the rest itself.
+    assert bind("SELECT %s", ["a\x00b"]) is None
+    assert bind("SELECT %s", [True]) is None
+    assert bind("SELECT %s", [[]]) is None
+    assert bind("SELECT %s, %s", [1]) is None

@@ -519,6 +519,7 @@ def test_the_workers_settings_hold_for_its_statements_and_end_with_them(settings
     bool(os.environ.get("RWS_TEST_POOLER")), reason="reads pg_prepared_statements of a session"
 )
 def test_worker_prepares_its_hot_statements_unless_behind_a_transaction_pooler(settings):
+    from django_rws_jobs.backends.postgresql import prologue
     from django_rws_jobs.db import private_connection
     from django_rws_jobs.store import Store
 
@@ -534,7 +535,7 @@ def test_worker_prepares_its_hot_statements_unless_behind_a_transaction_pooler(s
                 claimer.complete_many(claimer.claim(f"t{i}", now, now + 60, None, 2))
             with claimer.conn.cursor() as c:
                 c.execute("SELECT statement FROM pg_prepared_statements")
-                return [re.sub(r"^PREPARE rws_\d+ AS ", "", r[0]).split(" WHERE")[0] for r in c.fetchall()]
+                return [re.sub(r"^PREPARE rws_\w+ AS ", "", r[0]).split(" WHERE")[0] for r in c.fetchall()]
         finally:
             claimer.conn.close()
 
@@ -543,6 +544,7 @@ def test_worker_prepares_its_hot_statements_unless_behind_a_transaction_pooler(s
     try:
         assert sorted(prepared_after_a_drain()) == [
             "DELETE FROM rws_jobs",
+            prologue(),  # the settings each statement's transaction gets
             "UPDATE rws_jobs SET status = 'running', locked_by = $1, locked_until = $2, started_at = $3",
         ]
         assert Job.objects.count() == 0
@@ -557,7 +559,7 @@ def test_worker_prepares_its_hot_statements_unless_behind_a_transaction_pooler(s
         settings.RWS_JOBS = {"POOLER": "transaction"}
         assert prepared_after_a_drain() == []
         settings.RWS_JOBS = {"POOLER": "session"}
-        assert len(prepared_after_a_drain(DISABLE_SERVER_SIDE_CURSORS=True)) == 2
+        assert len(prepared_after_a_drain(DISABLE_SERVER_SIDE_CURSORS=True)) == 3
         assert Job.objects.count() == 0
     finally:
         db.clear()

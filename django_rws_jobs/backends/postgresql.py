@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections import OrderedDict
@@ -85,60 +86,127 @@ class ScopedCursor(DriverCursor):
     PostgreSQL runs as one implicit transaction: the settings hold for the statement and end with
     it, so a server connection that a transaction pooler lends to another client next carries none
     of them (tests/test_pooler.py). A BEGIN is sent with the prologue. A statement the Store
-    prepares is PREPAREd once by SQL and sent as EXECUTE, so its plan is made (and made again
-    after the table's statistics change) with the settings in force; behind a transaction pooler,
-    where a prepared statement would stay on one server connection, it is sent whole instead.
-    Parameters are bound by the client (psycopg's ClientCursor), as a simple query needs.
+    prepares (and the prologue) is PREPAREd once by SQL and sent as EXECUTE, so its plan is made
+    (and made again after the table's statistics change) with the settings in force; behind a
+    transaction pooler, where a prepared statement would stay on one server connection, it is
+    sent whole instead.
+    Parameters are written in as literals (bind(), else psycopg's ClientCursor), as a simple
+    query needs.
     """
 
-    __slots__ = ("_in_transaction", "_names", "_prepares", "_prologue", "_stops_at_first")
+    __slots__ = ("_in_transaction", "_names", "_prepares", "_prologue", "_psycopg3", "_texts")
 
     def __init__(self, raw: Any, errors: Any, prologue: str, prepares: bool):
-        self._stops_at_first = _is_psycopg3()  # psycopg 3 shows the first result; psycopg2 the last
-        if self._stops_at_first:
-            import psycopg
-
-            cursor = psycopg.ClientCursor(raw)
-        else:
-            cursor = raw.cursor()  # psycopg2 binds on the client
+        self._psycopg3 = _is_psycopg3()
+        # psycopg 3: a cursor given no parameters sends a simple query, whose results start at
+        # the first statement's; psycopg2 binds on the client and keeps the last statement's.
+        cursor = raw.cursor()
         super().__init__(cursor, False, errors)
         self._prologue = prologue
         self._prepares = prepares
+        if prepares:  # parsed and planned once per connection too
+            cursor.execute(f"PREPARE rws_prologue AS {prologue}")
+            self._prologue = "EXECUTE rws_prologue"
         self._names: OrderedDict[str, str] = OrderedDict()
+        self._texts: dict[tuple[str, bool, bool], tuple[str, tuple[str, ...]]] = {}
         self._in_transaction = False
 
     def execute(self, sql: str, params: Sequence[Any] = (), prepare: bool = False) -> Any:
         c = self.cursor
-        if prepare and self._prepares:
-            name = self._prepared(sql)
-            sql = f"EXECUTE {name}({', '.join(['%s'] * len(params))})" if params else f"EXECUTE {name}"
         if self._in_transaction:
             if sql in ("COMMIT", "ROLLBACK"):
                 self._in_transaction = False
-            return c.execute(sql, params)
+            return self._send(self._text(sql, prepare, False), params)
         if sql == "BEGIN":
             self._in_transaction = True
             return c.execute(f"BEGIN; {self._prologue}")
-        c.execute(f"{self._prologue}; {sql}", params)
-        if self._stops_at_first:
+        self._send(self._text(sql, prepare, True), params)
+        if self._psycopg3:
             c.nextset()
         return c
+
+    def _text(self, sql: str, prepare: bool, prologue: bool) -> tuple[str, tuple[str, ...]]:
+        """What to send for ``sql``: the text (Django's placeholders) and its pieces around them."""
+        key = (sql, prepare, prologue)
+        text = self._texts.get(key)
+        if text is None:
+            body = sql
+            if prepare and self._prepares:
+                name = self._prepared(sql)
+                count = len(_pieces(sql)) - 1
+                body = f"EXECUTE {name}({', '.join(['%s'] * count)})" if count else f"EXECUTE {name}"
+            full = f"{self._prologue}; {body}" if prologue else body
+            text = self._texts[key] = (full, _pieces(full))
+        return text
+
+    def _send(self, text: tuple[str, tuple[str, ...]], params: Sequence[Any]) -> Any:
+        """The text with ``params`` written in as literals, as one simple query."""
+        if not self._psycopg3:
+            return self.cursor.execute(text[0], params)
+        query = bind(text[1], params)
+        if query is None:  # a value bind() leaves to psycopg, which also refuses what it must
+            import psycopg
+
+            query = psycopg.ClientCursor(self.cursor.connection).mogrify(text[0], params)
+        return self.cursor.execute(query)
 
     def _prepared(self, sql: str) -> str:
         """The name ``sql`` is PREPAREd under on this connection (the last MAX_PREPARED kept)."""
         name = self._names.get(sql)
         if name is not None:
-            self._names.move_to_end(sql)
             return name
         if len(self._names) >= MAX_PREPARED:
             _, old = self._names.popitem(last=False)
             self.cursor.execute(f"DEALLOCATE {old}")
+            self._texts.clear()  # some named it
         name = f"rws_{next(_NAMES)}"
         numbers = itertools.count(1)
         text = _PLACEHOLDER.sub(lambda _: f"${next(numbers)}", sql).replace("%%", "%")
         self.cursor.execute(f"PREPARE {name} AS {text}")
         self._names[sql] = name
         return name
+
+
+def bind(pieces: tuple[str, ...], params: Sequence[Any]) -> str | None:
+    """The statement whose ``pieces`` lie around its placeholders (_pieces) with ``params``
+    written in as SQL literals, or None when a value is not one of the few kinds the worker's
+    statements bind: int (not bool), str without NUL, None, and lists of those. Strings are E''
+    literals (backslash and quote doubled), which mean the same whatever
+    standard_conforming_strings says (tests/test_pooler.py pins this)."""
+    if len(pieces) != len(params) + 1:
+        return None
+    out = [pieces[0]]
+    for value, piece in zip(params, pieces[1:], strict=True):
+        literal = _literal(value)
+        if literal is None:
+            return None
+        out.append(literal)
+        out.append(piece)
+    return "".join(out)
+
+
+@functools.lru_cache(maxsize=512)
+def _pieces(sql: str) -> tuple[str, ...]:
+    """``sql`` split at Django's placeholders, each piece's ``%%`` made ``%``."""
+    return tuple(piece.replace("%%", "%") for piece in _PLACEHOLDER.split(sql))
+
+
+def _literal(value: Any) -> str | None:
+    kind = type(value)
+    if kind is int:
+        return str(value)
+    if kind is str:
+        if "\x00" in value:
+            return None
+        return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
+    if value is None:
+        return "NULL"
+    if kind is list or kind is tuple:
+        items = [_literal(v) for v in value]
+        if not items or None in items or "NULL" in items:
+            return None
+        return f"ARRAY[{', '.join(items)}]"  # type: ignore[arg-type]
+    return None
 
 
 #: How many statements a ScopedCursor keeps PREPAREd (psycopg's own default).
