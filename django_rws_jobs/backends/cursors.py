@@ -7,14 +7,15 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-_FORMAT = re.compile(r"(?<!%)%s")
+#: Django's placeholder (``%%s`` is a literal ``%s``).
+PLACEHOLDER = re.compile(r"(?<!%)%s")
 
 
 @functools.lru_cache(maxsize=512)
 def qmark(sql: str) -> str:
     """Django's ``%s`` placeholders as sqlite3's ``?`` (what Django's SQLite cursor does for
     every statement; the worker's few statements are converted once each)."""
-    return _FORMAT.sub("?", sql).replace("%%", "%")
+    return PLACEHOLDER.sub("?", sql).replace("%%", "%")
 
 
 class DriverCursor:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ from django.db import transaction
 
 from ..conf import jobs_settings
 from .base import BaseBackend, BaseFeatures
-from .cursors import DriverCursor
+from .cursors import PLACEHOLDER, DriverCursor
 from .inserts import COPY_SQL
 from .statements import Sql, queue_filter
 
@@ -161,7 +160,7 @@ class ScopedCursor(DriverCursor):
             self._texts.clear()  # some named it
         name = f"rws_{next(_NAMES)}"
         numbers = itertools.count(1)
-        text = _PLACEHOLDER.sub(lambda _: f"${next(numbers)}", sql).replace("%%", "%")
+        text = PLACEHOLDER.sub(lambda _: f"${next(numbers)}", sql).replace("%%", "%")
         self.cursor.execute(f"PREPARE {name} AS {text}")
         self._names[sql] = name
         return name
@@ -188,7 +187,7 @@ def bind(pieces: tuple[str, ...], params: Sequence[Any]) -> str | None:
 @functools.lru_cache(maxsize=512)
 def _pieces(sql: str) -> tuple[str, ...]:
     """``sql`` split at Django's placeholders, each piece's ``%%`` made ``%``."""
-    return tuple(piece.replace("%%", "%") for piece in _PLACEHOLDER.split(sql))
+    return tuple(piece.replace("%%", "%") for piece in PLACEHOLDER.split(sql))
 
 
 def _literal(value: Any) -> str | None:
@@ -212,7 +211,6 @@ def _literal(value: Any) -> str | None:
 #: How many statements a ScopedCursor keeps PREPAREd (psycopg's own default).
 MAX_PREPARED = 100
 _NAMES = itertools.count(1)
-_PLACEHOLDER = re.compile(r"(?<!%)%s")
 
 
 class PostgreSQLFeatures(BaseFeatures):

@@ -16,6 +16,7 @@ from django.db import Error as DatabaseError
 from django.db import connections
 
 from .. import deadline
+from ..backends.postgresql import behind_transaction_pooler
 from ..conf import jobs_settings
 from ..reconnect import Connection, Retry
 
@@ -29,8 +30,6 @@ def listen_alias(alias: str) -> str | None:
     unless a pooler in transaction mode stands in front of it (it hands the session to other
     clients between transactions, so notifications would reach them or nobody): None, the workers
     then poll every POLL_INTERVAL (tests/test_pooler.py)."""
-    from ..backends.postgresql import behind_transaction_pooler
-
     if jobs_settings.LISTEN_DATABASE is not None:
         return str(jobs_settings.LISTEN_DATABASE)
     return None if behind_transaction_pooler(connections.settings[alias]) else alias
