@@ -57,7 +57,7 @@ def main() -> None:
     from django.core.management import call_command
 
     from django_rws_jobs import enqueue_many
-    from django_rws_jobs.store import Store
+    from django_rws_jobs.queue.store import Store
     from django_rws_jobs.worker import Worker
 
     reset_database(args.db)

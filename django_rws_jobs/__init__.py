@@ -12,11 +12,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import JobCancelled, JobTimeout
-from .registry import job, register
+from .queue.registry import job, register
 
 if TYPE_CHECKING:
-    from .declared_schedules import Schedule
     from .models import Job, Worker
+    from .schedules.declared import Schedule
 
 __all__ = [
     "job",
@@ -60,7 +60,7 @@ def enqueue(
     ``concurrency_key``, at most the type's ``concurrency_limit`` (1 unless set) jobs with that
     key run at once, across every worker.
     """
-    from .api import enqueue as _enqueue
+    from .queue.api import enqueue as _enqueue
 
     return _enqueue(
         job_type,
@@ -79,42 +79,42 @@ def enqueue(
 
 def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: int = 1000) -> list[str]:
     """Store many jobs in one go (items: job_type, (job_type, payload) or a dict of enqueue's arguments)."""
-    from .api import enqueue_many as _enqueue_many
+    from .queue.api import enqueue_many as _enqueue_many
 
     return _enqueue_many(jobs, using=using, batch_size=batch_size)
 
 
 def jobs(status: str | None = None, limit: int = 100, *, using: str | None = None) -> list[Job]:
     """Jobs with ``status`` (all when None), highest priority and earliest due first, at most ``limit``."""
-    from .api import jobs as _jobs
+    from .queue.api import jobs as _jobs
 
     return _jobs(status, limit, using=using)
 
 
 def failed_jobs(limit: int = 100, *, using: str | None = None) -> list[Job]:
     """The dead-letter list: jobs that exhausted their retries."""
-    from .api import failed_jobs as _failed
+    from .queue.api import failed_jobs as _failed
 
     return _failed(limit, using=using)
 
 
 def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
     """Put a failed job back in the queue, due now (or at ``now``), attempts reset."""
-    from .dead_letters import retry as _retry
+    from .queue.dead_letters import retry as _retry
 
     return _retry(job_id, using=using, now=now)
 
 
 def delete(job_id: str, *, using: str | None = None) -> bool:
     """Delete a job that is not running."""
-    from .dead_letters import delete as _delete
+    from .queue.dead_letters import delete as _delete
 
     return _delete(job_id, using=using)
 
 
 def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     """Claim and run one due job in the calling thread; False when none is due."""
-    from .run_one import tick as _tick
+    from .worker.tick import tick as _tick
 
     return _tick(queues=queues, using=using)
 
@@ -123,28 +123,28 @@ def tick_schedules(
     now: int | None = None, *, using: str | None = None, schedules: list[Schedule] | None = None
 ) -> int:
     """Enqueue the cron jobs that are due, each due time once across all processes."""
-    from .schedules import tick_schedules as _tick_schedules
+    from .schedules.ticks import tick_schedules as _tick_schedules
 
     return _tick_schedules(now, using=using, schedules=schedules)
 
 
 def pause_queue(name: str, *, using: str | None = None) -> None:
     """Stop every worker from claiming jobs of queue ``name`` until ``resume_queue(name)``."""
-    from .queues import pause_queue as _pause
+    from .flow.pauses import pause_queue as _pause
 
     _pause(name, using=using)
 
 
 def resume_queue(name: str, *, using: str | None = None) -> None:
     """Let workers claim jobs of queue ``name`` again; idle workers are woken."""
-    from .queues import resume_queue as _resume
+    from .flow.pauses import resume_queue as _resume
 
     _resume(name, using=using)
 
 
 def paused_queues(*, using: str | None = None) -> list[str]:
     """The names of the paused queues, in name order."""
-    from .queues import paused_queues as _paused
+    from .flow.pauses import paused_queues as _paused
 
     return _paused(using=using)
 
@@ -152,7 +152,7 @@ def paused_queues(*, using: str | None = None) -> list[str]:
 def workers(*, using: str | None = None) -> list[Worker]:
     """The live workers: each running ``rws_worker`` process whose heartbeat is at most three
     intervals old, with its host, pid, queues, the jobs it holds and its counts."""
-    from .worker_rows import workers as _workers
+    from .operations.worker_rows import workers as _workers
 
     return _workers(using=using)
 
@@ -161,6 +161,6 @@ def cancel(job_id: str, *, by: str | None = None, using: str | None = None) -> b
     """Cancel a pending, waiting or running job; False when no such job has that id. A running
     job's worker stops its handler within about a second; a cancelled job is never retried.
     ``by``: who asked, kept on the row."""
-    from .cancellation import cancel as _cancel
+    from .queue.cancellation import cancel as _cancel
 
     return _cancel(job_id, by=by, using=using)

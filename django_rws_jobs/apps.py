@@ -9,9 +9,10 @@ class RwsJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import clock, models  # checks: register the system checks
-        from .db import configure_connection
-        from .registry import TASK_PREFIX, autodiscover, registry
+        from . import models  # checks: register the system checks
+        from .database import clock
+        from .database.connections import configure_connection
+        from .queue.registry import TASK_PREFIX, autodiscover, registry
         from .tasks.rows import TaskRows
 
         models.queue_now = clock.now

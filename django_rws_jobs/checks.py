@@ -1,6 +1,7 @@
 """System checks for RWS_JOBS, with stable ids (rws_jobs.E0xx settings; the E1xx schedule checks are
-in schedules.py, which this module does not import: tick() and Worker() use require_valid_settings,
-and schedules.py uses the public API)."""
+in schedules/declared.py, which this module does not import: tick() and Worker() use
+require_valid_settings, and the schedules use the public API). The part above ``flow``: it checks
+the queue limits with flow's own parsers, and ``queue``, ``schedules`` and ``worker`` use it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from django.core.checks import Error, Warning, register
 from django.db import connections
 
 from .conf import DEFAULTS, jobs_settings
-from .validation import INT32_MAX, show
+from .database.validation import INT32_MAX, show
 
 TAG = "rws_jobs"
 DAY, WEEK, YEAR = 86400, 7 * 86400, 365 * 86400
@@ -133,7 +134,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 
 def check_queue_limits(raw: Any) -> list[Any]:
     """RWS_JOBS["QUEUES"]: E018 its shape, names and keys; E019 a concurrency; E020 a rate limit."""
-    from .limits import entry_where, parse_concurrency, parse_rate, queues_dict
+    from .flow.limits import entry_where, parse_concurrency, parse_rate, queues_dict
 
     try:
         entries = queues_dict(raw)
@@ -164,6 +165,6 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     alias = jobs_settings.DATABASE
     if not isinstance(alias, str) or alias not in connections.settings:
         return []  # reported by check_settings
-    from .backends import backend_for
+    from .database.backends import backend_for
 
     return backend_for(connections[alias]).check()

@@ -288,7 +288,8 @@ class QueueOverview(Job):
 class Worker(models.Model):
     """One row of ``rws_workers``: a live ``rws_worker`` process, registered at its start,
     renewed with its leases (``heartbeat_at``, the queue's clock), removed at a clean stop
-    (worker_rows.py). A row whose heartbeat is older than three of its intervals is a dead worker's."""
+    (operations/worker_rows.py). A row whose heartbeat is older than three of its intervals is a
+    dead worker's."""
 
     id = models.CharField(max_length=191, primary_key=True, help_text=_("host:pid:random"))
     host = models.CharField(max_length=255)

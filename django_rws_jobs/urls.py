@@ -3,7 +3,7 @@
 
 from django.urls import path
 
-from .prometheus import metrics_view
+from .operations.prometheus import metrics_view
 
 app_name = "django_rws_jobs"
 urlpatterns = [path("metrics", metrics_view, name="metrics")]

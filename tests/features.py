@@ -1,10 +1,10 @@
 """Select tests by what the database can do, as Django's ``skipUnlessDBFeature`` does: by the
-queue backend's features (django_rws_jobs.backends), not by the database's name."""
+queue backend's features (django_rws_jobs.database.backends), not by the database's name."""
 
 import pytest
 from django.db import connection
 
-from django_rws_jobs.backends import backend_for
+from django_rws_jobs.database.backends import backend_for
 
 
 def db_feature(name: str):

@@ -13,8 +13,8 @@ from django.test import Client
 from django.urls import reverse
 
 import django_rws_jobs as rws
-from django_rws_jobs.humanize import absolute, describe_cron, duration, relative
 from django_rws_jobs.models import Job, JobSchedule
+from django_rws_jobs.operations.humanize import absolute, describe_cron, duration, relative
 
 pytestmark = pytest.mark.django_db
 

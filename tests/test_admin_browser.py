@@ -112,9 +112,9 @@ def some_activity() -> None:
     """A day of the workers' counters: busy mornings, a few failures, one bad quarter hour."""
     from django.db import connection
 
-    from django_rws_jobs import metrics
-    from django_rws_jobs.backends.claimed import Claimed
-    from django_rws_jobs.store import Store
+    from django_rws_jobs.database.backends.claimed import Claimed
+    from django_rws_jobs.operations import metrics
+    from django_rws_jobs.queue.store import Store
 
     now = int(time.time())
     job = Claimed("id", "shop.send_receipt", "", "mailers", 0, 0, 3, now, now, None, None, None, None, "t")
@@ -206,8 +206,8 @@ def test_workers_page_and_cancelling_from_the_jobs_list(page, live_server):
     list's Cancel action cancels the selected jobs."""
     from django.db import connection
 
-    from django_rws_jobs.store import Store
-    from django_rws_jobs.worker_rows import Registration
+    from django_rws_jobs.operations.worker_rows import Registration
+    from django_rws_jobs.queue.store import Store
 
     store = Store(connection)
     now = int(time.time())

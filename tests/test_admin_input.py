@@ -13,8 +13,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import django_rws_jobs as rws
-from django_rws_jobs import api, dead_letters
 from django_rws_jobs.models import Job, JobSchedule
+from django_rws_jobs.queue import api, dead_letters
 from tests.test_admin import DEAD, JOBS, OVERVIEW, SCHEDULES, make_job, messages_of, now
 
 pytestmark = pytest.mark.django_db
@@ -415,7 +415,7 @@ def _sleep_sql(seconds: float) -> str:
 def test_a_count_stops_at_its_time_limit(in_transaction):
     from django.db import transaction
 
-    from django_rws_jobs.backends import backend_for
+    from django_rws_jobs.database.backends import backend_for
 
     for i in range(200):
         make_job(f"d{i:03d}", status="failed")

@@ -16,12 +16,12 @@ from django.urls import reverse
 
 import django_rws_jobs as rws
 import tests.cancel_handlers  # noqa: F401  (registers the handlers of the tick() tests)
-from django_rws_jobs.cancellation import prune_cancelled
-from django_rws_jobs.concurrency_keys import SLOTS, KeySweep
+from django_rws_jobs.flow.concurrency_keys import SLOTS, KeySweep
 from django_rws_jobs.models import Job
-from django_rws_jobs.runner import WORKER_LOST, AsyncRun, Watch, execute, record, recover, watch
+from django_rws_jobs.queue.cancellation import prune_cancelled
+from django_rws_jobs.queue.runner import WORKER_LOST, AsyncRun, Watch, execute, record, recover, watch
+from django_rws_jobs.queue.store import Store
 from django_rws_jobs.signals import job_cancelled
-from django_rws_jobs.store import Store
 from django_rws_jobs.worker.executor import Executor
 from django_rws_jobs.worker.timeouts import async_raise
 from tests.cancel_handlers import hold_after_return

@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 import django_rws_jobs as rws
-from django_rws_jobs import clock
+from django_rws_jobs.database import clock
 from django_rws_jobs.models import Job, Status
 from tests.conftest import ROOT, subprocess_env
 from tests.features import db_feature

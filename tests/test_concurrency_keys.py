@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import django_rws_jobs as rws
-from django_rws_jobs.concurrency_keys import KeySweep, promote
+from django_rws_jobs.flow.concurrency_keys import KeySweep, promote
 from django_rws_jobs.models import Job
-from django_rws_jobs.store import Store
+from django_rws_jobs.queue.store import Store
 from tests.features import db_feature
 from tests.test_limits import most_at_once
 from tests.test_worker import WorkerProcess, wait_for
@@ -71,7 +71,7 @@ def test_a_bad_concurrency_key_is_refused_naming_it(key, error, message):
 def test_a_bad_concurrency_limit_is_refused_at_registration(limit):
     with pytest.raises((TypeError, ValueError), match=r"job_type 'x': concurrency_limit"):
         rws.register("x", lambda payload: None, concurrency_limit=limit)
-    from django_rws_jobs.registry import registry
+    from django_rws_jobs.queue.registry import registry
 
     assert "x" not in registry
 
@@ -173,7 +173,7 @@ def test_each_way_out_of_running_frees_the_slot_once_and_promotes_the_next():
 
 
 def test_recovery_of_a_lost_worker_frees_its_slot_and_promotes_the_next():
-    from django_rws_jobs.runner import recover
+    from django_rws_jobs.queue.runner import recover
 
     store = Store(connection)
     first = rws.enqueue("test.keyed", "a", concurrency_key="k", max_retries=0)
@@ -285,7 +285,7 @@ def test_a_burst_worker_exits_past_keys_it_cannot_serve(tmp_path, started):
 
 
 def test_a_cron_entry_takes_a_concurrency_key(settings):
-    from django_rws_jobs.schedules import tick_schedules
+    from django_rws_jobs.schedules.ticks import tick_schedules
 
     settings.RWS_JOBS = {
         **settings.RWS_JOBS,
@@ -334,7 +334,7 @@ def test_the_slots_match_a_model_whatever_the_interleaving(ops, limit):
     deletion in any order: no key ever has more slots taken than its limit or two jobs in one
     slot (none doubled), and a sweep fills every free slot that has a due job waiting (none
     leaked)."""
-    from django_rws_jobs.runner import recover
+    from django_rws_jobs.queue.runner import recover
 
     job_type = {1: "test.keyed", 2: "test.keyed2", 3: "test.keyed3"}[limit]
     Job.objects.all().delete()

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from django_rws_jobs.cron import CronError, CronNeverFires, next_after, parse, validate
+from django_rws_jobs.schedules.cron import CronError, CronNeverFires, next_after, parse, validate
 
 
 def ts(text: str) -> int:

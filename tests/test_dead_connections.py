@@ -164,8 +164,8 @@ def test_a_call_watched_from_before_its_connect_can_be_cut():
     the one kept when the connection was opened (deadline.remember_socket)."""
     import threading
 
-    from django_rws_jobs import deadline
-    from django_rws_jobs.reconnect import Connection
+    from django_rws_jobs.database import deadline
+    from django_rws_jobs.worker.reconnect import Connection
 
     opened = threading.Event()
     found: dict = {}

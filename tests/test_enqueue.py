@@ -292,7 +292,7 @@ def test_enqueue_many_error_in_a_later_batch_rolls_back_the_call_and_leaves_the_
     in step for the next statement. (PostgreSQL's COPY must raise Django's error too.)"""
     from django.db import IntegrityError
 
-    from django_rws_jobs import ids as ids_module
+    from django_rws_jobs.queue import ids as ids_module
 
     taken = rws.enqueue("x", "first")
     real, calls = ids_module.new_id, []
@@ -445,8 +445,8 @@ def test_a_duplicate_unique_enqueue_does_not_lock_the_holder():
     # A caller whose transaction found the key taken must not keep the holder from being claimed.
     import time as _time
 
-    from django_rws_jobs.db import private_connection
-    from django_rws_jobs.store import Store
+    from django_rws_jobs.database.connections import private_connection
+    from django_rws_jobs.queue.store import Store
 
     holder = rws.enqueue("x", unique="k")
     other = private_connection("default")

@@ -87,8 +87,8 @@ def test_the_overview_counts_queues_that_differ_only_in_case_apart(admin_client)
 def test_concurrency_keys_that_differ_only_by_collation_are_two_keys(wanted, other):
     from django.db import transaction
 
-    from django_rws_jobs.concurrency_keys import promote
-    from django_rws_jobs.store import Store
+    from django_rws_jobs.flow.concurrency_keys import promote
+    from django_rws_jobs.queue.store import Store
 
     with transaction.atomic():  # (enqueue's own promotion waits for the commit)
         a = rws.enqueue("test.keyed", "a", concurrency_key=wanted)
@@ -201,9 +201,9 @@ def test_a_queue_paused_after_its_lookalike_starts_nothing(runs):
 
 @pytest.mark.parametrize("wanted, other", [pair for pair in LOOKALIKES if pair[0].strip() == pair[0]])
 def test_limited_queues_that_differ_only_by_collation_have_their_own_windows(wanted, other):
-    from django_rws_jobs.limited_claims import claim_limited
-    from django_rws_jobs.limits import QueueLimits
-    from django_rws_jobs.store import Store
+    from django_rws_jobs.flow.limited_claims import claim_limited
+    from django_rws_jobs.flow.limits import QueueLimits
+    from django_rws_jobs.queue.store import Store
 
     store = Store(connection)
     limits = QueueLimits(rate=1, period=3600)
@@ -220,9 +220,9 @@ def test_limited_queues_that_differ_only_by_collation_have_their_own_windows(wan
 
 @pytest.mark.parametrize("wanted, other", LOOKALIKES)
 def test_metrics_of_lookalike_queues_and_job_types_are_kept_apart(wanted, other):
-    from django_rws_jobs import metrics
     from django_rws_jobs.models import MetricMinute
-    from django_rws_jobs.store import Store
+    from django_rws_jobs.operations import metrics
+    from django_rws_jobs.queue.store import Store
 
     done = metrics.ADDS.index("done")
     width = len(metrics.ADDS) + len(metrics.MAXES)

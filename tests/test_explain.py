@@ -6,7 +6,7 @@ import time
 import pytest
 from django.db import connection
 
-from django_rws_jobs.backends import backend_for
+from django_rws_jobs.database.backends import backend_for
 from tests.features import skip_unless_db_feature
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -87,7 +87,7 @@ def generic_plan(sql: str, params: list) -> str:
     import itertools
     import re
 
-    from django_rws_jobs.db import private_connection
+    from django_rws_jobs.database.connections import private_connection
 
     numbers = itertools.count(1)
     text = re.sub("%s", lambda _: f"${next(numbers)}", sql.replace("%%", "%"))
@@ -240,7 +240,7 @@ def assert_completion_by_primary_key() -> None:
 def test_lease_statements_read_only_running_rows_with_a_million_future_rows():
     # Recovery, renewal and the rust-web-server writer's leases have no index of their own: each must read
     # the 'running' range of a status-led index (the running jobs' rows), never the pending ones.
-    from django_rws_jobs.store import Store
+    from django_rws_jobs.queue.store import Store
 
     now = fill(FUTURE_ROWS, 0)
     with connection.cursor() as c:
@@ -302,7 +302,7 @@ def test_claim_keeps_to_the_claim_index_with_statistics_from_before_a_burst():
     # Statistics taken while due times were all different, then a burst of jobs enqueued in one
     # second (one next_run_at) before autovacuum analyzes again: left to itself PostgreSQL read
     # every due row through the due index and sorted them (an incremental sort on one huge group).
-    from django_rws_jobs.db import private_connection
+    from django_rws_jobs.database.connections import private_connection
 
     now = int(time.time())
     with connection.cursor() as c:

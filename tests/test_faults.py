@@ -11,7 +11,7 @@ import pytest
 from django.db import DatabaseError, connection
 
 import django_rws_jobs as rws
-from django_rws_jobs.db import is_transient, private_connection
+from django_rws_jobs.database.connections import is_transient, private_connection
 from django_rws_jobs.models import Job
 from tests.conftest import ROOT, subprocess_env
 from tests.testapp.jobs import UNSTORABLE

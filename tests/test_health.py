@@ -14,8 +14,8 @@ from django.db import connection
 
 import django_rws_jobs as rws
 from django_rws_jobs.models import Job
-from django_rws_jobs.store import Store
-from django_rws_jobs.worker_rows import Registration, this_host
+from django_rws_jobs.operations.worker_rows import Registration, this_host
+from django_rws_jobs.queue.store import Store
 from tests.conftest import ROOT, subprocess_env
 from tests.test_worker import WorkerProcess, wait_for
 
@@ -62,7 +62,7 @@ def stall_a_key(due_ago: int) -> str:
     """Two jobs of key 'k': the first promoted, claimed and failed by rust-web-server's SQL (which
     knows no slots, so its row keeps the key's only slot for ever), the second waiting, due
     ``due_ago`` seconds ago. Returns the waiting job's id."""
-    from django_rws_jobs.concurrency_keys import promote
+    from django_rws_jobs.flow.concurrency_keys import promote
 
     now = int(time.time())
     first = rws.enqueue("test.keyed", "first", concurrency_key="k")
@@ -201,7 +201,7 @@ def test_the_heartbeat_file_goes_stale_while_a_role_is_stuck(tmp_path, started, 
     fails while the process lives; once the lock is gone, the file is fresh again. The lock: the
     test's row lock on a waiting job that the dispatcher's sweep promotes (its UPDATE waits for
     it), or on SQLite the file's write lock, which every writer waits for."""
-    from django_rws_jobs.db import private_connection
+    from django_rws_jobs.database.connections import private_connection
     from tests.testapp.models import Run
 
     settings.RWS_JOBS = {**settings.RWS_JOBS, "LEASE_SECONDS": 3}  # the probe's limit: 3 s

@@ -1,10 +1,12 @@
-"""The package's modules import each other without a circle.
+"""The package's modules import each other without a circle, and each part imports only the parts
+below it (the map at the top of docs/design.md).
 
 Both kinds of import count: a module-level one (a circle there fails at import time, depending on
 which module is imported first) and one inside a function (a circle there still ties modules that
-should be layered: api -> worker -> schedules -> api was one). Imports under ``if TYPE_CHECKING:``
-do not count: they never run, and only name a type in an annotation (the backends annotate the
-``Store`` that calls them). Migrations are left out: Django loads them by itself.
+should be layered: api -> worker -> schedules -> api was one). For the circle, imports under ``if
+TYPE_CHECKING:`` do not count: they never run. For the parts they count too: a part that names a
+type of a part above it depends on it all the same (the backends name the ``Store`` that calls
+them by a protocol of their own). Migrations are left out: Django loads them by itself.
 """
 
 from __future__ import annotations
@@ -27,18 +29,23 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The package's modules that module ``name`` imports anywhere in its text."""
+def imported(name: str, path: Path, known: dict[str, Path], *, type_only_too: bool = False) -> set[str]:
+    """The package's modules that module ``name`` imports anywhere in its text (under ``if
+    TYPE_CHECKING:`` too when ``type_only_too``)."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     targets: set[str] = set()
     tree = ast.parse(path.read_text(), str(path))
-    type_only = {
-        id(n)
-        for block in ast.walk(tree)
-        if _is_type_checking_block(block)
-        for stmt in block.body
-        for n in ast.walk(stmt)
-    }  # type: ignore[attr-defined]
+    type_only = (
+        set()
+        if type_only_too
+        else {
+            id(n)
+            for block in ast.walk(tree)
+            if _is_type_checking_block(block)
+            for stmt in block.body
+            for n in ast.walk(stmt)
+        }
+    )  # type: ignore[attr-defined]
     for node in ast.walk(tree):
         if id(node) in type_only:
             continue
@@ -91,10 +98,80 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_package_has_no_import_cycle():
     known = modules()
     graph = {name: imported(name, path, known) for name, path in known.items()}
-    assert "django_rws_jobs.ids" in graph["django_rws_jobs.api"]  # the reading works
+    assert "django_rws_jobs.queue.ids" in graph["django_rws_jobs.queue.api"]  # the reading works
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
 def test_a_cycle_is_found():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+#: The parts, bottom first: a module may import its own part and the parts below it, never one
+#: above. The entries are the first name under django_rws_jobs ("" is the package itself).
+PARTS: list[tuple[str, set[str]]] = [
+    ("base", {"conf", "exceptions", "signals", "models"}),
+    ("database", {"database"}),
+    ("flow", {"flow"}),
+    ("checks", {"checks"}),
+    ("queue", {"queue"}),
+    ("tasks", {"tasks"}),
+    ("schedules", {"schedules"}),
+    ("operations", {"operations"}),
+    ("worker", {"worker"}),
+    ("entry points", {"", "adopt", "apps", "urls", "admin", "management"}),
+]
+
+
+def part_of(module: str) -> int:
+    """The index in PARTS of ``module``'s part."""
+    first = module.split(".")[1] if "." in module else ""
+    for level, (_, names) in enumerate(PARTS):
+        if first in names:
+            return level
+    raise AssertionError(f"{module} is in no part: add it to PARTS and to the map in docs/design.md")
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a part above the importer's, as "importer (part) -> imported (part)"."""
+    found = []
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if part_of(target) > part_of(name):
+                found.append(f"{name} ({PARTS[part_of(name)][0]}) -> {target} ({PARTS[part_of(target)][0]})")
+    return found
+
+
+def test_no_part_imports_a_part_above_it():
+    known = modules()
+    graph = {name: imported(name, path, known, type_only_too=True) for name, path in known.items()}
+    assert (
+        "django_rws_jobs.flow.concurrency_keys" in graph["django_rws_jobs.queue.store"]
+    )  # the reading works
+    assert upward(graph) == []
+
+
+def test_an_import_that_runs_up_is_found():
+    graph = {
+        "django_rws_jobs.database.clock": {"django_rws_jobs.models"},
+        "django_rws_jobs.flow.limits": {"django_rws_jobs.queue.store", "django_rws_jobs.database.clock"},
+        "django_rws_jobs.queue.store": set(),
+    }
+    assert upward(graph) == ["django_rws_jobs.flow.limits (flow) -> django_rws_jobs.queue.store (queue)"]
+
+
+def test_a_type_checking_import_counts_for_the_parts(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..queue.store import Store\n"
+    )
+    known = {"django_rws_jobs.database.m": path, "django_rws_jobs.queue.store": path}
+    assert imported("django_rws_jobs.database.m", path, known) == set()
+    assert imported("django_rws_jobs.database.m", path, known, type_only_too=True) == {
+        "django_rws_jobs.queue.store"
+    }
+
+
+def test_every_module_is_in_a_part():
+    for name in modules():
+        part_of(name)  # raises for a module of no part

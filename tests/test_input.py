@@ -11,9 +11,9 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 import django_rws_jobs as rws
-from django_rws_jobs import humanize
 from django_rws_jobs.models import Job, JobSchedule
-from django_rws_jobs.registry import Registry, job, registry
+from django_rws_jobs.operations import humanize
+from django_rws_jobs.queue.registry import Registry, job, registry
 from django_rws_jobs.worker import Worker
 from tests.conftest import start_worker, subprocess_env
 

@@ -11,12 +11,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import django_rws_jobs as rws
-from django_rws_jobs import clock
 from django_rws_jobs.checks import check_settings
-from django_rws_jobs.limited_claims import claim_limited
-from django_rws_jobs.limits import QueueLimits, configured, parse_rate
+from django_rws_jobs.database import clock
+from django_rws_jobs.flow.limited_claims import claim_limited
+from django_rws_jobs.flow.limits import QueueLimits, configured, parse_rate
 from django_rws_jobs.models import Job
-from django_rws_jobs.store import Store
+from django_rws_jobs.queue.store import Store
 from tests.settings import RWS_JOBS as TEST_JOBS
 from tests.test_worker import WorkerProcess, wait_for
 

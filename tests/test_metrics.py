@@ -10,10 +10,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import django_rws_jobs as rws
-from django_rws_jobs import metrics
-from django_rws_jobs.backends.claimed import Claimed
+from django_rws_jobs.database.backends.claimed import Claimed
 from django_rws_jobs.models import Job, MetricMinute, MetricTotal
-from django_rws_jobs.store import Store
+from django_rws_jobs.operations import metrics
+from django_rws_jobs.queue.store import Store
 from tests.proxy import Proxy
 from tests.test_worker import WorkerProcess
 
@@ -268,7 +268,7 @@ def test_a_counters_write_that_did_not_commit_is_given_back_and_counted_once():
     worker's own connection) committed nothing, and its rows are counted at the next write."""
     from django.db import DatabaseError
 
-    from django_rws_jobs.db import private_connection
+    from django_rws_jobs.database.connections import private_connection
 
     writer, holder = private_connection("default"), private_connection("default")
     store = Store(writer)

@@ -1,4 +1,4 @@
-"""Pausing queues (django_rws_jobs/queues.py): the API, tick(), rws_queues, and real workers."""
+"""Pausing queues (django_rws_jobs/flow/pauses.py): the API, tick(), rws_queues, and real workers."""
 
 import io
 import time
@@ -9,9 +9,9 @@ from django.core.management.base import CommandError
 from django.db import connection, transaction
 
 import django_rws_jobs as rws
+from django_rws_jobs.flow.pauses import QueueFilter, pending_queues
 from django_rws_jobs.models import Job, Queue
-from django_rws_jobs.queues import QueueFilter, pending_queues
-from django_rws_jobs.store import Store
+from django_rws_jobs.queue.store import Store
 from tests.features import db_feature
 from tests.test_worker import WorkerProcess, run_counts, wait_for
 

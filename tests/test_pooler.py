@@ -168,7 +168,7 @@ def test_a_worker_holds_at_most_its_threads_plus_four_connections(tmp_path, star
 def test_a_count_with_a_time_limit_leaves_the_session_as_it_was():
     from django.db import transaction
 
-    from django_rws_jobs.backends import backend_for
+    from django_rws_jobs.database.backends import backend_for
 
     def timeout():
         with connection.cursor() as c:
@@ -190,10 +190,10 @@ def test_a_count_with_a_time_limit_leaves_the_session_as_it_was():
 @pytest.mark.parametrize("conforming", ["on", "off"])
 def test_bound_literals_mean_the_values_whatever_the_strings_setting(conforming):
     """What ScopedCursor writes into its simple queries reads back as the value it bound."""
-    from django_rws_jobs.backends.postgresql import _pieces
+    from django_rws_jobs.database.backends.postgresql import _pieces
 
     def bind(sql, params):
-        from django_rws_jobs.backends.postgresql import bind
+        from django_rws_jobs.database.backends.postgresql import bind
 
         return bind(_pieces(sql), params)
 

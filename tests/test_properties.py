@@ -15,8 +15,8 @@ import django_rws_jobs as rws
 from django_rws_jobs.checks import check_settings, require_valid_settings
 from django_rws_jobs.conf import DEFAULTS
 from django_rws_jobs.models import Job
-from django_rws_jobs.registry import registry
-from django_rws_jobs.schedules import check_schedules
+from django_rws_jobs.queue.registry import registry
+from django_rws_jobs.schedules.declared import check_schedules
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

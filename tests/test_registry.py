@@ -1,7 +1,7 @@
 import pytest
 
 from django_rws_jobs import job, register
-from django_rws_jobs.registry import Registry, registry
+from django_rws_jobs.queue.registry import Registry, registry
 
 
 def test_jobs_py_modules_are_discovered():
@@ -56,7 +56,9 @@ def test_public_functions_have_real_signatures(name):
     import inspect
 
     import django_rws_jobs
-    from django_rws_jobs import api, dead_letters, run_one, schedules
+    from django_rws_jobs.queue import api, dead_letters
+    from django_rws_jobs.schedules import ticks as schedules
+    from django_rws_jobs.worker import tick as run_one
 
     def shape(fn):
         return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]

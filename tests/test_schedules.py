@@ -21,8 +21,9 @@ from django.test import override_settings
 
 from django_rws_jobs import job, tick_schedules
 from django_rws_jobs.models import Job, JobSchedule
-from django_rws_jobs.registry import registry
-from django_rws_jobs.schedules import Schedule, declared, undeclared_rows
+from django_rws_jobs.queue.registry import registry
+from django_rws_jobs.schedules.declared import Schedule, declared
+from django_rws_jobs.schedules.ticks import undeclared_rows
 from django_rws_jobs.worker import Scheduler
 from tests.conftest import ROOT, run_python, start_worker, subprocess_env
 
@@ -555,7 +556,8 @@ RACE_CODE = """
 import os, time
 from pathlib import Path
 from django_rws_jobs.models import JobSchedule
-from django_rws_jobs.schedules import tick_schedules, valid_schedules
+from django_rws_jobs.schedules.declared import valid_schedules
+from django_rws_jobs.schedules.ticks import tick_schedules
 race = [s for s in valid_schedules() if s.name == "race"]
 assert race, "no 'race' schedule in settings"
 JobSchedule.objects.filter(name="race").exists()  # connect before the start line

@@ -6,10 +6,10 @@ import pytest
 from django.db import connection
 
 import django_rws_jobs as rws
-from django_rws_jobs.db import private_connection
+from django_rws_jobs.database.connections import private_connection
 from django_rws_jobs.models import Job
-from django_rws_jobs.runner import recover
-from django_rws_jobs.store import Store
+from django_rws_jobs.queue.runner import recover
+from django_rws_jobs.queue.store import Store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -86,8 +86,8 @@ def test_the_workers_own_connections_to_one_file_take_turns_writing():
     import time
 
     from django_rws_jobs import enqueue
-    from django_rws_jobs.db import private_connection
-    from django_rws_jobs.store import Store
+    from django_rws_jobs.database.connections import private_connection
+    from django_rws_jobs.queue.store import Store
 
     enqueue("test.noop")
     a, b = Store(private_connection("default")), Store(private_connection("default"))

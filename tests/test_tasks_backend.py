@@ -17,7 +17,7 @@ tasks_api = pytest.importorskip("django_rws_jobs.tasks.compat")
 
 import django_rws_jobs as rws  # noqa: E402
 from django_rws_jobs.models import Job, TaskResultRecord  # noqa: E402
-from django_rws_jobs.registry import TASK_PREFIX  # noqa: E402
+from django_rws_jobs.queue.registry import TASK_PREFIX  # noqa: E402
 from django_rws_jobs.tasks import RwsJobsBackend  # noqa: E402
 from tests.conftest import ROOT, subprocess_env  # noqa: E402
 from tests.testapp import tasks  # noqa: E402
@@ -305,7 +305,7 @@ def test_signals_are_sent_once_for_the_final_outcome():
 def test_a_running_task_shows_its_worker():
     from django.db import connection
 
-    from django_rws_jobs.store import Store
+    from django_rws_jobs.queue.store import Store
 
     result = tasks.record.enqueue("x")
     now = int(time.time())
@@ -318,8 +318,8 @@ def test_a_running_task_shows_its_worker():
 def test_a_late_result_writes_nothing():
     from django.db import connection
 
-    from django_rws_jobs.runner import execute, record
-    from django_rws_jobs.store import Store
+    from django_rws_jobs.queue.runner import execute, record
+    from django_rws_jobs.queue.store import Store
 
     result = tasks.record.enqueue("late")
     store = Store(connection)
@@ -335,8 +335,8 @@ def test_a_late_result_writes_nothing():
 def test_recovery_records_a_worker_lost_error():
     from django.db import connection
 
-    from django_rws_jobs.runner import recover
-    from django_rws_jobs.store import Store
+    from django_rws_jobs.queue.runner import recover
+    from django_rws_jobs.queue.store import Store
     from django_rws_jobs.tasks.errors import WorkerLost
 
     result = tasks.record.enqueue("lost")

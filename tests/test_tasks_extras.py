@@ -18,7 +18,8 @@ tasks_api = pytest.importorskip("django_rws_jobs.tasks.compat")
 
 import django_rws_jobs as rws  # noqa: E402
 from django_rws_jobs.models import Job, JobSchedule, TaskResultRecord  # noqa: E402
-from django_rws_jobs.schedules import check_schedules, tick_schedules  # noqa: E402
+from django_rws_jobs.schedules.declared import check_schedules  # noqa: E402
+from django_rws_jobs.schedules.ticks import tick_schedules  # noqa: E402
 from django_rws_jobs.tasks.prune import prune, prune_expired  # noqa: E402
 from tests.testapp import tasks  # noqa: E402
 

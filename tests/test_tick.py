@@ -6,9 +6,9 @@ from django.test import override_settings
 
 import django_rws_jobs as rws
 from django_rws_jobs.models import Job
-from django_rws_jobs.runner import backoff_delay, record
+from django_rws_jobs.queue.runner import backoff_delay, record
+from django_rws_jobs.queue.store import Store
 from django_rws_jobs.signals import job_dead
-from django_rws_jobs.store import Store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,7 +50,7 @@ def test_a_one_queue_claim_takes_its_queue_in_order_whatever_the_queue_name():
     # statement, so quotes, backslashes and percent signs must come through as they are.
     from django.db import connection
 
-    from django_rws_jobs.db import private_connection
+    from django_rws_jobs.database.connections import private_connection
 
     odd = "o'k\\%s 50%% \\'; DROP TABLE rws_jobs; --"
     for p in range(3):
@@ -218,7 +218,7 @@ def test_a_job_handed_back_behind_the_last_claim_is_taken_by_the_next_short_clai
 def test_a_job_handed_back_behind_the_last_claim_is_in_order_again_after_resume_seconds(monkeypatch):
     from django.db import connection
 
-    from django_rws_jobs.backends import mysql
+    from django_rws_jobs.database.backends import mysql
 
     monkeypatch.setattr(mysql, "RESUME_SECONDS", 0.2)
     for i in range(10):
@@ -255,7 +255,7 @@ def test_a_higher_priority_job_enqueued_after_a_claim_comes_first():
 def test_a_mariadb_claim_that_fails_midway_rolls_back_and_its_connection_claims_again(resumed):
     from django.db import DatabaseError, connection
 
-    from django_rws_jobs.db import private_connection
+    from django_rws_jobs.database.connections import private_connection
 
     with connection.cursor() as c:
         c.execute(
@@ -291,7 +291,7 @@ def test_a_mariadb_claim_that_fails_midway_rolls_back_and_its_connection_claims_
 def test_under_pymysql_the_worker_claims_with_one_statement_per_call():
     """PyMySQL sends one statement per call (no CLIENT_MULTI_STATEMENTS): the claim's BEGIN, locking
     read, UPDATE and COMMIT go one by one. Before, every claim was a syntax error."""
-    from django_rws_jobs.db import private_connection, sends_several
+    from django_rws_jobs.database.connections import private_connection, sends_several
 
     store = Store(private_connection("default"))
     try:
@@ -336,8 +336,8 @@ def test_tick_renews_the_lease_while_the_handler_runs(runs):
 
     from django.db import connections
 
-    from django_rws_jobs.db import private_connection
-    from django_rws_jobs.runner import recover
+    from django_rws_jobs.database.connections import private_connection
+    from django_rws_jobs.queue.runner import recover
 
     job_id = rws.enqueue("test.sleep", "3")
 
@@ -419,7 +419,7 @@ def test_a_walking_claim_still_takes_a_higher_band_that_becomes_due_first():
 def test_more_future_only_bands_than_a_walk_passes_still_find_the_due_band(queues):
     from django.db import connection
 
-    from django_rws_jobs.backends.statements import MAX_BAND_WALK
+    from django_rws_jobs.database.backends.statements import MAX_BAND_WALK
 
     with connection.cursor() as c:  # one future job in each of more bands than a walk passes
         now = int(time.time())

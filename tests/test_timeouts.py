@@ -11,8 +11,8 @@ from django.core.checks import run_checks
 import django_rws_jobs as rws
 from django_rws_jobs import JobTimeout, job
 from django_rws_jobs.models import Job
-from django_rws_jobs.registry import registry
-from django_rws_jobs.store import Claimed
+from django_rws_jobs.queue.registry import registry
+from django_rws_jobs.queue.store import Claimed
 from django_rws_jobs.worker.timeouts import timeout_for
 from tests.test_worker import run_counts, wait_for, workers  # noqa: F401  (workers: a fixture)
 from tests.testapp.models import Run
@@ -291,7 +291,7 @@ def test_short_jobs_are_claimed_for_several_executors_at_once(monkeypatch, recen
 
     from django.db import connection
 
-    from django_rws_jobs.backends import backend_for
+    from django_rws_jobs.database.backends import backend_for
     from django_rws_jobs.worker import dispatcher as module
     from django_rws_jobs.worker.shared import Shared
 

@@ -469,8 +469,8 @@ def test_processes_option_shares_the_work_and_stops_cleanly(workers):
 
 @pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL setting")
 def test_the_workers_settings_hold_for_its_statements_and_end_with_them(settings):
-    from django_rws_jobs.backends import backend_for
-    from django_rws_jobs.db import private_connection
+    from django_rws_jobs.database.backends import backend_for
+    from django_rws_jobs.database.connections import private_connection
 
     names = ("synchronous_commit", "enable_seqscan", "enable_sort", "enable_incremental_sort", "jit")
     current = "SELECT " + ", ".join(f"current_setting('{n}')" for n in names)
@@ -519,9 +519,9 @@ def test_the_workers_settings_hold_for_its_statements_and_end_with_them(settings
     bool(os.environ.get("RWS_TEST_POOLER")), reason="reads pg_prepared_statements of a session"
 )
 def test_worker_prepares_its_hot_statements_unless_behind_a_transaction_pooler(settings):
-    from django_rws_jobs.backends.postgresql import prologue
-    from django_rws_jobs.db import private_connection
-    from django_rws_jobs.store import Store
+    from django_rws_jobs.database.backends.postgresql import prologue
+    from django_rws_jobs.database.connections import private_connection
+    from django_rws_jobs.queue.store import Store
 
     def prepared_after_a_drain(**database):
         for i in range(12):
@@ -717,7 +717,7 @@ def test_a_forked_process_gets_a_worker_id_of_its_own():
     # In a child of its own: this test process has threads, and forking it would warn.
     code = (
         "import os\n"
-        "from django_rws_jobs.ids import claim_token, worker_id\n"
+        "from django_rws_jobs.queue.ids import claim_token, worker_id\n"
         "parent = worker_id()\n"
         "read, write = os.pipe()\n"
         "pid = os.fork()\n"
@@ -803,6 +803,6 @@ def test_a_job_that_finishes_as_the_completer_stops_is_recorded(settings, monkey
         assert not Job.objects.filter(id=job_id).exists()
         assert worker.shared.stats.done == 1
     finally:
-        from django_rws_jobs.registry import registry
+        from django_rws_jobs.queue.registry import registry
 
         registry.unregister("test.finishes_late")

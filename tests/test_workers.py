@@ -11,9 +11,9 @@ from django.urls import reverse
 
 import django_rws_jobs as rws
 from django_rws_jobs.models import Worker
-from django_rws_jobs.store import Store
-from django_rws_jobs.worker_rows import FORGET_AFTER, Registration, forget_dead
-from django_rws_jobs.worker_rows import workers as live
+from django_rws_jobs.operations.worker_rows import FORGET_AFTER, Registration, forget_dead
+from django_rws_jobs.operations.worker_rows import workers as live
+from django_rws_jobs.queue.store import Store
 from tests.test_worker import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.db.models import Sum
 
-from .. import humanize
 from ..models import MetricMinute
+from ..operations import humanize
 
 WIDTH, HEIGHT = 720, 90
 

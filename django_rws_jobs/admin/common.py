@@ -14,9 +14,10 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 
-from .. import clock, humanize
-from ..db import queue_alias
+from ..database import clock
+from ..database.connections import queue_alias
 from ..models import FailedJob, Job, JobSchedule, Worker
+from ..operations import humanize
 
 #: Rows a count on a big table reads at most: past it the jobs list says "more than", the
 #: overview "10000+".

@@ -14,7 +14,7 @@ from django.http import HttpRequest
 from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
-from ..db import queue_alias
+from ..database.connections import queue_alias
 from ..models import FailedJob, Job, Status
 
 #: Ids named in one message at most; the rest are counted.

@@ -15,12 +15,12 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .. import humanize
-from ..cancellation import cancel
 from ..conf import jobs_settings
-from ..db import queue_alias
+from ..database.connections import queue_alias
 from ..models import Job, JobQuerySet, Status
-from ..registry import registry, time_limit
+from ..operations import humanize
+from ..queue.cancellation import cancel
+from ..queue.registry import registry, time_limit
 from . import overview
 from .common import (
     QueueDatabaseAdmin,

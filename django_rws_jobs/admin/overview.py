@@ -14,12 +14,12 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.translation import gettext as _
 
-from .. import humanize
-from ..db import queue_alias
+from ..database.connections import queue_alias
 from ..exceptions import TIMED_OUT
-from ..limits import configured
+from ..flow.limits import configured
+from ..flow.pauses import pause_queue, paused_queues, resume_queue
 from ..models import Job, Status
-from ..queues import pause_queue, paused_queues, resume_queue
+from ..operations import humanize
 from .activity import charts
 from .common import COUNT_CAP, links, now
 from .waits import limits_text

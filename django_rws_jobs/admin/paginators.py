@@ -9,7 +9,7 @@ from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import QuerySet
 
-from ..backends import backend_for
+from ..database.backends import backend_for
 from .common import COUNT_CAP
 
 #: How long a list's count may take (seconds) before the list counts fewer rows.

@@ -13,9 +13,10 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .. import cron, humanize
-from ..declared_schedules import Schedule, ScheduleError, declared
 from ..models import JobSchedule
+from ..operations import humanize
+from ..schedules import cron
+from ..schedules.declared import Schedule, ScheduleError, declared
 from .common import QueueDatabaseAdmin, links, now, pre, time_cell
 
 

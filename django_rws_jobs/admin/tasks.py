@@ -11,7 +11,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
 from ..models import Job, TaskResultRecord
-from ..registry import TASK_PREFIX
+from ..queue.registry import TASK_PREFIX
 from ..tasks import history
 from .common import QueueDatabaseAdmin, ReadOnlyAdminMixin, pre, short_text, time_cell
 

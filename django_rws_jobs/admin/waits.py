@@ -9,11 +9,11 @@ import math
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .. import humanize
-from ..limited_claims import next_start
-from ..limits import PERIODS, QueueLimits, configured
+from ..flow.limited_claims import next_start
+from ..flow.limits import PERIODS, QueueLimits, configured
+from ..flow.pauses import paused_queues
 from ..models import Job, Status
-from ..queues import paused_queues
+from ..operations import humanize
 
 #: A rate limit's period as its unit: 1 -> "s" (limits.PERIODS read backwards).
 UNITS = {seconds: unit for unit, seconds in PERIODS.items()}

@@ -12,15 +12,15 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from .. import humanize
 from ..models import Worker
-from ..worker_rows import DEAD_AFTER
+from ..operations import humanize
+from ..operations.worker_rows import DEAD_AFTER
 from .common import QueueDatabaseAdmin, ReadOnlyAdminMixin, links, now, time_cell
 
 
 @admin.register(Worker)
 class WorkerAdmin(ReadOnlyAdminMixin, QueueDatabaseAdmin):
-    """View only: workers write their own rows (worker_rows.py)."""
+    """View only: workers write their own rows (operations/worker_rows.py)."""
 
     list_display = (
         "id",

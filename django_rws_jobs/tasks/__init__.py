@@ -3,7 +3,8 @@
     TASKS = {"default": {"BACKEND": "django_rws_jobs.tasks.RwsJobsBackend", "QUEUES": ["default"]}}
 
 The backend is imported on first use, so importing this package (as the app does at start-up)
-needs neither Django 6 nor the ``django-tasks`` backport.
+needs neither Django 6 nor the ``django-tasks`` backport. It stores tasks as the queue's jobs:
+it imports ``queue`` and the parts below it; ``schedules`` and ``worker`` import it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 from django.core import checks
 from django.db import connections
 
-from ..registry import TASK_PREFIX
+from ..queue.registry import TASK_PREFIX
 from . import history
 from .compat import (
     BaseTaskBackend,
@@ -117,7 +117,7 @@ class RwsJobsBackend(BaseTaskBackend):
         if run_after is not None and not isinstance(run_after, dt.datetime):
             raise InvalidTask(f"run_after must be an aware datetime, not {type(run_after).__name__}.")
         super().validate_task(task)
-        from ..validation import queue_name
+        from ..database.validation import queue_name
 
         try:  # the queue's own rules (64 characters, no comma...), when the task is made, as Django's
             queue_name(task.queue_name)
@@ -129,7 +129,7 @@ class RwsJobsBackend(BaseTaskBackend):
             if not 1 <= task.max_attempts <= 2**31:
                 raise InvalidTask(f"max_attempts must be between 1 and {2**31}, not {task.max_attempts}.")
         if isinstance(task, RwsTask) and task.timeout is not None:
-            from ..validation import timeout
+            from ..database.validation import timeout
 
             try:
                 timeout(task.timeout)
@@ -139,7 +139,7 @@ class RwsJobsBackend(BaseTaskBackend):
             self._validate_concurrency(task)
 
     def _validate_concurrency(self, task: RwsTask) -> None:
-        from ..validation import KEY_MAX, concurrency_limit, text
+        from ..database.validation import KEY_MAX, concurrency_limit, text
 
         try:
             if task.concurrency_limit is not None:
@@ -159,7 +159,7 @@ class RwsJobsBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
         """Insert the task's row in the caller's transaction; return its READY result."""
-        from ..api import insert_prepared
+        from ..queue.api import insert_prepared
 
         params = self.job_params(task, args, kwargs)
         stored = history.load(params[2])  # the arguments as JSON made them, the time of enqueue
@@ -185,8 +185,8 @@ class RwsJobsBackend(BaseTaskBackend):
 
     def job_params(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         """The task's row as ``api.prepare`` makes one (enqueue's and enqueue_many's)."""
-        from .. import clock
-        from ..api import prepare
+        from ..database import clock
+        from ..queue.api import prepare
 
         self.validate_task(task)
         declared = _check_importable(task)
@@ -282,7 +282,7 @@ class RwsJobsBackend(BaseTaskBackend):
             found.append(
                 checks.Error(f"{where}['DATABASE'] {database!r} is not in DATABASES", id="rws_jobs.E204")
             )
-        from ..validation import queue_name
+        from ..database.validation import queue_name
 
         for queue in sorted(self.queues):
             try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.conf import settings
 
-from .. import clock
+from ..database import clock
 from ..models import TaskResultRecord
 
 logger = logging.getLogger("django_rws_jobs")

@@ -13,10 +13,10 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction
 from django.db import connections
 
-from .. import clock
-from ..registry import TASK_PREFIX
-from ..runner import Returned, _close_old_connections, run_async, watching
-from ..store import Claimed, Store
+from ..database import clock
+from ..queue.registry import TASK_PREFIX
+from ..queue.runner import Returned, _close_old_connections, run_async, watching
+from ..queue.store import Claimed, Store
 from . import history
 from .errors import TaskNotFound
 from .outcomes import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..registry import TASK_PREFIX
+from ..queue.registry import TASK_PREFIX
 
 #: The keys of a task schedule.
 KEYS = ("cron", "task", "args", "kwargs")

@@ -8,11 +8,13 @@ jobs and takes back expired ones; the :class:`Scheduler` enqueues due cron jobs;
 :class:`Listener` turns NOTIFY into a wake-up (polling still runs). In the thread pool a
 :class:`Watchdog` enforces time limits; with ``--pool processes`` each executor is a
 :class:`ProcessExecutor` whose handlers run in a child process (worker/pool.py, worker/child.py).
-Signal handlers only set flags; every wait is on an Event, so a stop is instant. docs/design.md
-describes them.
+Signal handlers only set flags; every wait is on an Event, so a stop is instant. Each role's
+connection is reopened after an error (``reconnect``). ``tick`` runs one due job in the calling
+thread (``django_rws_jobs.tick``). The top part but for the entry points: it may import every part
+below it (tests/test_imports.py). docs/design.md describes the roles.
 """
 
-from ..ids import claim_token, worker_id
+from ..queue.ids import claim_token, worker_id
 from .completer import Completer
 from .dispatcher import Dispatcher
 from .executor import Executor

@@ -18,9 +18,9 @@ import time
 
 from django.db import Error as DatabaseError
 
-from ..reconnect import Retry
-from ..store import Claimed
+from ..queue.store import Claimed
 from .executor import STOPPING
+from .reconnect import Retry
 from .shared import Shared
 
 logger = logging.getLogger("django_rws_jobs")

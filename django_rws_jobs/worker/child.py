@@ -24,8 +24,8 @@ import types
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..runner import Watch
-from ..store import Claimed
+from ..queue.runner import Watch
+from ..queue.store import Claimed
 
 #: A job's fields in order, to send it as a tuple (a tuple of plain values pickles faster than
 #: the dataclass).
@@ -81,7 +81,7 @@ class ChildDied(Exception):
 
 def _context() -> Any:
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["django_rws_jobs.preload"])
+    ctx.set_forkserver_preload(["django_rws_jobs.queue.preload"])
     return ctx
 
 
@@ -183,7 +183,7 @@ def serve(conn: Connection) -> None:
     signal.signal(signal.SIGTERM, _terminate)
     from django.db import connections  # (Django is set up: the fork server imported preload.py)
 
-    from ..runner import describe, execute, watch
+    from ..queue.runner import describe, execute, watch
 
     watch(_running.handlers)
     code = 0

@@ -11,14 +11,14 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections
 
-from .. import clock
-from ..concurrency_keys import keys_of, promote
 from ..conf import jobs_settings
-from ..metrics import FLUSH_EVERY, write
-from ..reconnect import Connection, Retry
-from ..registry import registry
-from ..runner import record_or_fallback
-from ..store import Claimed, Store
+from ..database import clock
+from ..flow.concurrency_keys import keys_of, promote
+from ..operations.metrics import FLUSH_EVERY, write
+from ..queue.registry import registry
+from ..queue.runner import record_or_fallback
+from ..queue.store import Claimed, Store
+from .reconnect import Connection, Retry
 from .shared import Outcome, Shared, outcomes
 
 logger = logging.getLogger("django_rws_jobs")

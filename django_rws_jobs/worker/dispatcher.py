@@ -6,16 +6,16 @@ import time
 
 from django.db import Error as DatabaseError
 
-from .. import clock
-from ..backends import BaseFeatures
-from ..concurrency_keys import KeySweep
 from ..conf import jobs_settings
-from ..db import is_transient
-from ..ids import claim_token
-from ..limited_claims import claim_limited_queues
-from ..queues import NONE_UNPAUSED, QueueFilter
-from ..reconnect import Connection, Retry
-from ..store import Claimed, Store
+from ..database import clock
+from ..database.backends import BaseFeatures
+from ..database.connections import is_transient
+from ..flow.concurrency_keys import KeySweep
+from ..flow.limited_claims import claim_limited_queues
+from ..flow.pauses import NONE_UNPAUSED, QueueFilter
+from ..queue.ids import claim_token
+from ..queue.store import Claimed, Store
+from .reconnect import Connection, Retry
 from .shared import Shared, outcomes
 
 #: Jobs shorter than this (seconds, on average) are claimed for several idle executors at once.

@@ -11,7 +11,7 @@ from django.db import connections
 
 from ..conf import jobs_settings
 from ..exceptions import JobCancelled, cancel_message
-from ..runner import (
+from ..queue.runner import (
     TRACEBACK_MAX,
     Cancelled,
     CancelledUnrun,
@@ -23,7 +23,7 @@ from ..runner import (
     storable,
     watch,
 )
-from ..store import Claimed
+from ..queue.store import Claimed
 from .shared import Shared
 from .timeouts import Watchdog, async_raise, timeout_for
 

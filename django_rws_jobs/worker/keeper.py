@@ -10,15 +10,16 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import connections
 
-from .. import clock, metrics
-from ..cancellation import prune_cancelled
 from ..conf import jobs_settings
-from ..db import is_transient
-from ..reconnect import Connection, Retry
-from ..runner import recover
-from ..store import Claimed
+from ..database import clock
+from ..database.connections import is_transient
+from ..operations import metrics
+from ..operations.worker_rows import Registration, forget_dead, heartbeat_interval
+from ..queue.cancellation import prune_cancelled
+from ..queue.runner import recover
+from ..queue.store import Claimed
 from ..tasks.prune import prune_expired
-from ..worker_rows import Registration, forget_dead, heartbeat_interval
+from .reconnect import Connection, Retry
 from .shared import Shared
 
 logger = logging.getLogger("django_rws_jobs")

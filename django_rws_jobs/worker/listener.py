@@ -15,10 +15,10 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import connections
 
-from .. import deadline
-from ..backends.postgresql import behind_transaction_pooler
 from ..conf import jobs_settings
-from ..reconnect import Connection, Retry
+from ..database import deadline
+from ..database.backends.postgresql import behind_transaction_pooler
+from .reconnect import Connection, Retry
 
 CHANNEL = "rws_jobs"
 #: Seconds between the listener's round trips on its idle connection.

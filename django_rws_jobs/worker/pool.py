@@ -18,10 +18,10 @@ import time
 from collections.abc import Iterable
 
 from ..conf import jobs_settings
+from ..database.validation import INT32_MAX, INT64_MAX, integer
 from ..exceptions import cancel_message, timeout_message
-from ..runner import Cancelled
-from ..store import Claimed
-from ..validation import INT32_MAX, INT64_MAX, integer
+from ..queue.runner import Cancelled
+from ..queue.store import Claimed
 from .child import Child, ChildDied
 from .executor import STOPPING, Executor
 from .shared import Shared

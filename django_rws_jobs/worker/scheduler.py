@@ -8,10 +8,10 @@ import threading
 from django.db import Error as DatabaseError
 from django.db import connections
 
-from .. import clock
-from ..declared_schedules import Schedule, valid_schedules
-from ..reconnect import Connection, Retry
-from ..schedules import tick_schedules
+from ..database import clock
+from ..schedules.declared import Schedule, valid_schedules
+from ..schedules.ticks import tick_schedules
+from .reconnect import Connection, Retry
 from .shared import Progress
 
 logger = logging.getLogger("django_rws_jobs")

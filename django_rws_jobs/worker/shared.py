@@ -14,12 +14,12 @@ from typing import Any
 
 from django.db import Error as DatabaseError
 
-from .. import clock
-from ..concurrency_keys import keys_of, promote
-from ..metrics import Counters
-from ..reconnect import Connection
-from ..runner import record_cancel
-from ..store import Claimed
+from ..database import clock
+from ..flow.concurrency_keys import keys_of, promote
+from ..operations.metrics import Counters
+from ..queue.runner import record_cancel
+from ..queue.store import Claimed
+from .reconnect import Connection
 
 logger = logging.getLogger("django_rws_jobs")
 

@@ -15,18 +15,17 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import connections
 
-from .. import clock, wakeup
-from ..backends import backend_for
 from ..checks import check_value, require_valid_settings
 from ..conf import jobs_settings
-from ..db import is_transient, queue_alias
-from ..ids import worker_id
-from ..reconnect import Connection, Retry
-from ..runner import recover
-from ..schedules import tick_schedules
-from ..store import Claimed
-from ..validation import INT32_MAX, INT64_MAX, integer, queue_list
-from ..worker_rows import DEAD_AFTER, Registration, heartbeat_interval, touch
+from ..database import clock, wakeup
+from ..database.backends import backend_for
+from ..database.connections import is_transient, queue_alias
+from ..database.validation import INT32_MAX, INT64_MAX, integer, queue_list
+from ..operations.worker_rows import DEAD_AFTER, Registration, heartbeat_interval, touch
+from ..queue.ids import worker_id
+from ..queue.runner import recover
+from ..queue.store import Claimed
+from ..schedules.ticks import tick_schedules
 from .cancels import CancelWatcher
 from .completer import Completer, record_late_outcomes
 from .dispatcher import Dispatcher
@@ -34,6 +33,7 @@ from .executor import Executor
 from .keeper import LeaseKeeper
 from .listener import Listener, listen_alias
 from .pool import ProcessExecutor, make_pool
+from .reconnect import Connection, Retry
 from .scheduler import Scheduler
 from .shared import Shared
 from .timeouts import Watchdog

@@ -18,10 +18,10 @@ import traceback
 from dataclasses import dataclass
 
 from ..exceptions import JobTimeout, timeout_message
-from ..registry import time_limit
-from ..runner import TRACEBACK_MAX, execute, storable
-from ..runner import Watch as Handlers
-from ..store import Claimed
+from ..queue.registry import time_limit
+from ..queue.runner import TRACEBACK_MAX, execute, storable
+from ..queue.runner import Watch as Handlers
+from ..queue.store import Claimed
 from .shared import Shared
 
 logger = logging.getLogger("django_rws_jobs")

@@ -57,7 +57,7 @@ def _local_port(connection) -> int:
     """The local TCP port of a Django connection's socket (0 on SQLite)."""
     import socket
 
-    from django_rws_jobs.deadline import socket_of
+    from django_rws_jobs.database.deadline import socket_of
 
     fd = socket_of(connection.connection)
     if fd is None:

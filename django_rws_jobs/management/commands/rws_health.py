@@ -92,7 +92,7 @@ class Command(BaseCommand):
 
 def heartbeat_file(path: str) -> Finding:
     """Touched within three heartbeat intervals (LEASE_SECONDS / 3 each)?"""
-    from django_rws_jobs.worker_rows import DEAD_AFTER, heartbeat_interval
+    from django_rws_jobs.operations.worker_rows import DEAD_AFTER, heartbeat_interval
 
     limit = DEAD_AFTER * heartbeat_interval()
     try:
@@ -112,7 +112,7 @@ def database(options: dict[str, Any]) -> dict[str, Finding]:
     """The database answers and the queue's migrations are applied; then the thresholds."""
     from django.db import DatabaseError, connections
 
-    from django_rws_jobs.db import queue_alias
+    from django_rws_jobs.database.connections import queue_alias
 
     try:
         alias = queue_alias(options["database"])
@@ -153,10 +153,10 @@ def unapplied(conn: Any) -> list[str]:
 def thresholds(alias: str, options: dict[str, Any]) -> dict[str, Finding]:
     from django.db import connections
 
-    from django_rws_jobs import clock
+    from django_rws_jobs.database import clock
+    from django_rws_jobs.flow.pauses import paused_queues
     from django_rws_jobs.models import Job, Status, Worker
-    from django_rws_jobs.queues import paused_queues
-    from django_rws_jobs.worker_rows import this_host
+    from django_rws_jobs.operations.worker_rows import this_host
 
     now = int(clock.now(alias))
     found: dict[str, Finding] = {}
@@ -229,8 +229,8 @@ class Due:
     """
 
     def __init__(self, c: Any, now: int, limit: int | None, *, want_oldest: bool, paused: list[str]):
-        from django_rws_jobs.backends import backend_for
-        from django_rws_jobs.backends.statements import QUEUE_INDEX
+        from django_rws_jobs.database.backends import backend_for
+        from django_rws_jobs.database.backends.statements import QUEUE_INDEX
 
         self.c, self.now = c, now
         # Each range's index is named where the database takes hints (PostgreSQL takes none and

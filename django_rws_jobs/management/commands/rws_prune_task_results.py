@@ -7,9 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_rws_jobs.db import queue_alias
+from django_rws_jobs.database.connections import queue_alias
+from django_rws_jobs.database.validation import queue_list
 from django_rws_jobs.tasks.prune import describe, policies, prune
-from django_rws_jobs.validation import queue_list
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 

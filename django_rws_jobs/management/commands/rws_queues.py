@@ -6,14 +6,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_rws_jobs import clock
 from django_rws_jobs.admin.overview import queue_stats, shown
 from django_rws_jobs.admin.waits import limits_text
-from django_rws_jobs.db import queue_alias
-from django_rws_jobs.limits import configured
+from django_rws_jobs.database import clock
+from django_rws_jobs.database.connections import queue_alias
+from django_rws_jobs.database.validation import queue_name
+from django_rws_jobs.flow.limits import configured
+from django_rws_jobs.flow.pauses import pause_queue, resume_queue
 from django_rws_jobs.models import Queue
-from django_rws_jobs.queues import pause_queue, resume_queue
-from django_rws_jobs.validation import queue_name
 
 COLUMNS = ("QUEUE", "STATE", "LIMITS", "WAITING", "DUE", "LATER", "RUNNING", "FAILED")
 

@@ -7,10 +7,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_rws_jobs import clock, humanize
-from django_rws_jobs.db import queue_alias
-from django_rws_jobs.declared_schedules import declared
+from django_rws_jobs.database import clock
+from django_rws_jobs.database.connections import queue_alias
 from django_rws_jobs.models import JobSchedule
+from django_rws_jobs.operations import humanize
+from django_rws_jobs.schedules.declared import declared
 
 
 def _when(t: int, now: int) -> str:

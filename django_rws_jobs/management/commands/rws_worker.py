@@ -16,8 +16,8 @@ from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rws_jobs.checks import check_value
-from django_rws_jobs.db import queue_alias
-from django_rws_jobs.validation import queue_list
+from django_rws_jobs.database.connections import queue_alias
+from django_rws_jobs.database.validation import queue_list
 
 # Imported here, before --processes forks: a child that had to import the worker after the fork
 # would take longer to install its signal handlers, and a SIGTERM passed on in that time would kill

@@ -10,7 +10,7 @@ what is wrong with them. Each problem is a system check error (tag ``rws_jobs``,
   ``enqueue`` would refuse);
 - ``rws_jobs.E105``: its name is declared more than once.
 
-schedules.py ticks them.
+ticks.py ticks them.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from typing import Any
 
 from django.core.checks import Error, register
 
+from ..checks import TAG
+from ..conf import jobs_settings
+from ..database.validation import text
+from ..queue.registry import registry
 from . import cron
-from .checks import TAG
-from .conf import jobs_settings
-from .registry import registry
-from .validation import text
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -143,7 +143,7 @@ def _shape_errors(name: str, entry: Any) -> list[ScheduleError]:
 
 
 def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[ScheduleError]]:
-    from .api import prepare
+    from ..queue.api import prepare
 
     def error(message: str, check_id: str) -> ScheduleError:
         return ScheduleError(name, message, check_id)
@@ -162,7 +162,7 @@ def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[Sc
     payload = entry.get("payload", "")
     options = {key: entry[key] for key in OPTION_KEYS if key in entry}
     if "task" in entry:  # a django.tasks task (tasks/scheduled.py)
-        from .tasks import scheduled
+        from ..tasks import scheduled
 
         job_type, payload, wrong = scheduled.check(entry)
         problems += [error(message, BAD_OPTION) for message in wrong]

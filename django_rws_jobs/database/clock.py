@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ..conf import jobs_settings
 from .backends import backend_for
-from .conf import jobs_settings
-from .db import queue_alias
+from .connections import queue_alias
 
 logger = logging.getLogger("django_rws_jobs")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -20,8 +20,21 @@ from .cursors import DriverCursor
 from .inserts import insert_multirow
 from .statements import Sql, Statements, band_order_key, one_queue
 
-if TYPE_CHECKING:
-    from ..store import Store
+
+class Store(Protocol):
+    """What a claim uses of the ``queue.store.Store`` that calls it. A protocol, so that this
+    part does not import the queue part above it (tests/test_imports.py)."""
+
+    writes: AbstractContextManager[Any]
+    walk_first: bool
+    resume: tuple[Any, ...] | None
+    resume_until: float
+
+    def cursor(self) -> AbstractContextManager[Any]: ...
+
+    def atomic(self) -> AbstractContextManager[None]: ...
+
+    def execute(self, c: Any, sql: str, params: list[Any]) -> None: ...
 
 
 def is_registered(conn: BaseDatabaseWrapper) -> bool:

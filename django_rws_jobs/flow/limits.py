@@ -10,7 +10,7 @@ import dataclasses
 import re
 from typing import Any
 
-from .validation import CONCURRENCY_MAX, queue_name, show
+from ..database.validation import CONCURRENCY_MAX, queue_name, show
 
 #: A rate limit's unit and its window in seconds (Celery's notation).
 PERIODS = {"s": 1, "m": 60, "h": 3600}
@@ -90,6 +90,6 @@ def parse_queues(raw: Any) -> dict[str, QueueLimits]:
 
 
 def configured() -> dict[str, QueueLimits]:
-    from .conf import jobs_settings
+    from ..conf import jobs_settings
 
     return parse_queues(jobs_settings.QUEUES)

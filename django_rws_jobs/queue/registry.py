@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from asgiref.sync import iscoroutinefunction
 
-from .validation import (
+from ..database.validation import (
     INT32_MAX,
     INT64_MAX,
     INT64_MIN,

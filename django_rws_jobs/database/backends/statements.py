@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from operator import attrgetter
 from typing import Any
 
-from ..models import CLAIM_ORDER_COLUMNS, Job
+from ...models import CLAIM_ORDER_COLUMNS, Job
 from .claimed import CLAIM_COLUMNS
 
 

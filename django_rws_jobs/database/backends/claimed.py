@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from ..models import CLAIM_ORDER, Job
+from ...models import CLAIM_ORDER, Job
 
 
 @dataclasses.dataclass

@@ -18,12 +18,12 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from . import clock, wakeup
-from .backends import backend_for
-from .db import queue_alias
+from ..database import clock, wakeup
+from ..database.backends import backend_for
+from ..database.connections import queue_alias
+from ..database.validation import queue_name
+from ..models import Queue
 from .limits import QueueLimits, configured
-from .models import Queue
-from .validation import queue_name
 
 
 def pause_queue(name: str, *, using: str | None = None) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..conf import jobs_settings
+from ...conf import jobs_settings
 from .base import BaseBackend, BaseFeatures
 from .cursors import DriverCursor
 from .statements import DUE_INDEX

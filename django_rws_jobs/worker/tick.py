@@ -8,26 +8,27 @@ from contextlib import contextmanager
 
 from django.db import connections
 
-from . import clock, ids
-from .conf import jobs_settings
-from .db import queue_alias
-from .validation import queue_list
+from ..conf import jobs_settings
+from ..database import clock
+from ..database.connections import queue_alias
+from ..database.validation import queue_list
+from ..queue import ids
 
 
 def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     """Claim one due job and run it in the calling thread. False when none is due."""
-    from .checks import require_valid_settings
-    from .runner import run_claimed
-    from .store import Store
+    from ..checks import require_valid_settings
+    from ..queue.runner import run_claimed
+    from ..queue.store import Store
 
     queues = queue_list(queues)
     alias = queue_alias(using)
     require_valid_settings()
     store = Store(connections[alias])
     lease = int(jobs_settings.LEASE_SECONDS)
-    from .concurrency_keys import KeySweep, promote
-    from .limited_claims import claim_limited_queues
-    from .queues import NONE_UNPAUSED, QueueFilter
+    from ..flow.concurrency_keys import KeySweep, promote
+    from ..flow.limited_claims import claim_limited_queues
+    from ..flow.pauses import NONE_UNPAUSED, QueueFilter
 
     serving = QueueFilter(queues)
     unlimited = serving.current(store)  # paused and limited queues left out

@@ -27,7 +27,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from .backends.base import is_registered
+from ..database.backends.base import is_registered
 
 SLOTS = "SELECT concurrency_slot FROM rws_jobs WHERE concurrency_key = %s AND concurrency_slot IS NOT NULL"
 #: Jobs of one key promoted at most in one go; the rest at the next promotion.

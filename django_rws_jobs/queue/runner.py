@@ -15,14 +15,14 @@ from asgiref.sync import async_to_sync
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections, transaction
 
-from . import clock
+from ..conf import jobs_settings
+from ..database import clock
+from ..database.connections import is_registered, is_transient, thread_connected
+from ..exceptions import cancel_message
+from ..flow.concurrency_keys import keys_of, promote
+from ..signals import job_dead
 from .cancellation import send_cancelled
-from .concurrency_keys import keys_of, promote
-from .conf import jobs_settings
-from .db import is_registered, is_transient, thread_connected
-from .exceptions import cancel_message
 from .registry import registry
-from .signals import job_dead
 from .store import Claimed, Store
 
 logger = logging.getLogger("django_rws_jobs")

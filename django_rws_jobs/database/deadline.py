@@ -23,7 +23,7 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .conf import jobs_settings
+from ..conf import jobs_settings
 
 logger = logging.getLogger("django_rws_jobs")
 

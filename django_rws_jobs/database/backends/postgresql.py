@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from ..conf import jobs_settings
+from ...conf import jobs_settings
 from .base import BaseBackend, BaseFeatures
 from .cursors import PLACEHOLDER, DriverCursor
 from .inserts import COPY_SQL

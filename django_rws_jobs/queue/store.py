@@ -13,12 +13,12 @@ from typing import Any
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from .backends import backend_for
-from .backends.claimed import Claimed
-from .backends.statements import Sql
-from .concurrency_keys import promote
-from .db import atomic
-from .models import Status
+from ..database.backends import backend_for
+from ..database.backends.claimed import Claimed
+from ..database.backends.statements import Sql
+from ..database.connections import atomic
+from ..flow.concurrency_keys import promote
+from ..models import Status
 
 #: Prefix of the lease given to a running row found without one (a rust-web-server claim).
 RUST_CLAIM_MARKER = "seed:"

@@ -1,5 +1,5 @@
 """enqueue, enqueue_many, jobs and failed_jobs: rust-web-server's methods, for Django (retry and
-delete are in dead_letters.py, tick in run_one.py)."""
+delete are in dead_letters.py, tick in worker/tick.py)."""
 
 from __future__ import annotations
 
@@ -11,20 +11,30 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
-from . import clock, ids
-from .backends import backend_for
-from .backends.cursors import kept_cursor
-from .backends.inserts import INSERT_SQL
-from .conf import jobs_settings
-from .db import queue_alias
-from .models import Job, Status
+from ..conf import jobs_settings
+from ..database import clock
+from ..database.backends import backend_for
+from ..database.backends.cursors import kept_cursor
+from ..database.backends.inserts import INSERT_SQL
+from ..database.connections import queue_alias
+from ..database.validation import (
+    INT32_MAX,
+    INT64_MAX,
+    INT64_MIN,
+    KEY_MAX,
+    UNIQUE_MAX,
+    due_at,
+    queue_name,
+    show,
+)
+from ..database.validation import concurrency_limit as _concurrency_limit
+from ..database.validation import integer as _int
+from ..database.validation import only_known as _only_known
+from ..database.validation import text as _text
+from ..database.validation import timeout as _timeout
+from ..models import Job, Status
+from . import ids
 from .registry import registry
-from .validation import INT32_MAX, INT64_MAX, INT64_MIN, KEY_MAX, UNIQUE_MAX, due_at, queue_name, show
-from .validation import concurrency_limit as _concurrency_limit
-from .validation import integer as _int
-from .validation import only_known as _only_known
-from .validation import text as _text
-from .validation import timeout as _timeout
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -168,7 +178,7 @@ def _promote_at_commit(alias: str, key: str) -> None:
     failure is logged: the sweep promotes it later."""
 
     def promote_key() -> None:
-        from .concurrency_keys import promote
+        from ..flow.concurrency_keys import promote
         from .store import Store
 
         try:
@@ -190,7 +200,7 @@ def _insert(conn: Any, params: list[Any]) -> None:
 
 
 def _wake_local_workers(alias: str) -> None:
-    from . import wakeup
+    from ..database import wakeup
 
     if wakeup.listeners:  # a worker runs in this process: wake it when the job commits
         transaction.on_commit(wakeup.notify, using=alias)

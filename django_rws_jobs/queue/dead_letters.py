@@ -9,14 +9,14 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 from django.db.models import Case, QuerySet, Value, When
 
-from . import clock
+from ..database import clock
+from ..database.backends import backend_for
+from ..database.connections import queue_alias
+from ..database.validation import INT64_MAX, show
+from ..database.validation import integer as _int
+from ..database.validation import job_id as _job_id
+from ..models import Job, Status
 from .api import unique_hash
-from .backends import backend_for
-from .db import queue_alias
-from .models import Job, Status
-from .validation import INT64_MAX, show
-from .validation import integer as _int
-from .validation import job_id as _job_id
 
 #: The statuses retry() takes back: the dead-letter list and cancelled jobs.
 ENDED = (Status.FAILED, Status.CANCELLED)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from . import cron
+from ..schedules import cron
 
 _MINUTE, _HOUR, _DAY, _YEAR = 60, 3600, 86400, 365.25 * 86400
 

@@ -1,6 +1,6 @@
 """Cron schedules: each due time enqueued once across every process sharing the database.
 
-The schedules and their checks are in declared_schedules.py; this module ticks them.
+The schedules and their checks are in declared.py; this module ticks them.
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
-from . import clock, cron
-from .db import queue_alias
-from .declared_schedules import Schedule, ScheduleError, check_schedules, declared, valid_schedules
-from .models import JobSchedule
-from .registry import TASK_PREFIX
+from ..database import clock
+from ..database.connections import queue_alias
+from ..models import JobSchedule
+from ..queue.registry import TASK_PREFIX
+from . import cron
+from .declared import Schedule, ScheduleError, check_schedules, declared, valid_schedules
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -73,7 +74,7 @@ def tick_schedules(
 
 def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, alias: str) -> int:
     """Tick one schedule whose row read (next_run_at, cron) or None; return 1 if it enqueued."""
-    from .api import enqueue
+    from ..queue.api import enqueue
 
     expr = cron.parse(schedule.cron)
     nxt = expr.next_after(now)
@@ -109,7 +110,7 @@ def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, 
         if rows.filter(name=schedule.name, next_run_at=due).update(next_run_at=nxt, cron=expr.text) != 1:
             return 0  # another process claimed it
         if schedule.job_type.startswith(TASK_PREFIX):
-            from .tasks import scheduled
+            from ..tasks import scheduled
 
             job_id = scheduled.enqueue(schedule.job_type, schedule.payload)
         else:

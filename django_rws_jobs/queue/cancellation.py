@@ -18,13 +18,13 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import transaction
 
-from . import clock
-from .db import queue_alias
-from .exceptions import cancel_message
-from .models import Job, Status
-from .signals import job_cancelled
-from .validation import job_id as _job_id
-from .validation import text as _text
+from ..database import clock
+from ..database.connections import queue_alias
+from ..database.validation import job_id as _job_id
+from ..database.validation import text as _text
+from ..exceptions import cancel_message
+from ..models import Job, Status
+from ..signals import job_cancelled
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -80,7 +80,7 @@ def _after_cancel(job: Job, freed_key: str | None, alias: str) -> None:
     if freed_key is not None:
         from django.db import connections
 
-        from .concurrency_keys import promote
+        from ..flow.concurrency_keys import promote
         from .store import Store
 
         try:

@@ -17,9 +17,9 @@ from django.db import Error as DatabaseError
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from . import deadline
-from .db import is_transient, private_connection
-from .store import Store
+from ..database import deadline
+from ..database.connections import is_transient, private_connection
+from ..queue.store import Store
 
 logger = logging.getLogger("django_rws_jobs")
 

@@ -10,9 +10,9 @@ from typing import Any
 from django.db import InterfaceError, InternalError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ..conf import jobs_settings
 from .backends import backend_for
 from .backends.base import is_registered
-from .conf import jobs_settings
 
 logger = logging.getLogger("django_rws_jobs")
 

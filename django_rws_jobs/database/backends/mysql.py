@@ -6,12 +6,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
-from .base import BaseBackend, BaseFeatures, is_registered
+from .base import BaseBackend, BaseFeatures, Store, is_registered
 from .claimed import CLAIM_COLUMNS, Claimed, claim_order_key
 from .mysql_inserts import check_insert_size, insert_quoted, insert_sized, pipelines
 from .statements import (
@@ -25,9 +25,6 @@ from .statements import (
     placeholders,
     queue_filter,
 )
-
-if TYPE_CHECKING:
-    from ..store import Store
 
 #: How long a dispatcher's claims start after the last row it claimed (seconds).
 RESUME_SECONDS = 1.0

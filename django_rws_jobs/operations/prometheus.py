@@ -16,11 +16,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 
-from . import clock
-from .conf import jobs_settings
-from .db import queue_alias
+from ..conf import jobs_settings
+from ..database import clock
+from ..database.connections import queue_alias
+from ..models import Worker
 from .metrics import ADDS
-from .models import Worker
 
 #: Job states each queue's ``rws_queue_jobs`` gauge has (due: pending, or waiting for a slot of its
 #: concurrency key, and due now: tests/test_metrics.py
