@@ -133,7 +133,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 
 
 def check_queue_limits(raw: Any) -> list[Any]:
-    """RWS_JOBS["QUEUES"]: E018 its shape, names and keys; E019 a concurrency; E020 a rate limit."""
+    """RWS_JOBS["QUEUES"]'s checks:
+
+    - ``rws_jobs.E018``: its shape, a queue's name or an unknown key is wrong;
+    - ``rws_jobs.E019``: a queue's ``concurrency`` is not an integer from 1 to 100000;
+    - ``rws_jobs.E020``: a queue's ``rate_limit`` is not "N/s", "N/m" or "N/h" with N from 1 to 1000000.
+    """
     from .flow.limits import entry_where, parse_concurrency, parse_rate, queues_dict
 
     try:

@@ -6,14 +6,24 @@ from typing import Any
 
 from django.conf import settings
 
+# Each key's comment is its description in the settings reference (docs/_ext/rws_reference.py).
 DEFAULTS: dict[str, Any] = {
+    # The alias of DATABASES that holds the queue's tables.
     "DATABASE": "default",
+    # Retries after the first attempt, unless @job(max_retries=) or enqueue(max_retries=) say.
     "MAX_RETRIES": 3,
+    # Seconds before the first retry.
     "BACKOFF_INITIAL": 0.5,
+    # Each further retry waits this many times longer than the one before.
     "BACKOFF_MULTIPLIER": 2.0,
+    # Seconds: the longest wait before a retry.
     "BACKOFF_MAX": 3600,
+    # Seconds an idle worker waits before it looks for due jobs again (a wake-up ends it sooner).
     "POLL_INTERVAL": 0.5,
+    # Seconds a claim holds a job; renewed every third of it while the job runs. A dead worker's
+    # jobs run again once their leases expire.
     "LEASE_SECONDS": 60,
+    # Seconds a stopping worker lets running jobs finish before it hands the rest back.
     "SHUTDOWN_TIMEOUT": 30,
     # Seconds a job may run before it fails with JobTimeout; None: no limit. @job(timeout=) and
     # enqueue(timeout=) override it.
@@ -21,6 +31,7 @@ DEFAULTS: dict[str, Any] = {
     # Seconds a timed-out handler gets to stop before its thread is abandoned (thread pool) or
     # its child process is killed with SIGKILL (process pool).
     "TIMEOUT_GRACE": 5,
+    # Cron schedules: name -> {"cron", "job_type", "payload", and enqueue options} (docs/schedules.md).
     "SCHEDULES": {},
     # How often (seconds) a worker looks for expired leases; None means LEASE_SECONDS / 2.
     "RECOVERY_INTERVAL": None,
@@ -39,7 +50,7 @@ DEFAULTS: dict[str, Any] = {
     # WAL, synchronous=NORMAL, IMMEDIATE transactions, a busy timeout.
     "SQLITE_SETUP_ALIASES": [],
     # Seconds one of the worker's own database calls may go unanswered before its connection is
-    # taken for dead, closed and opened again (deadline.py); None turns the deadline off.
+    # taken for dead, closed and opened again (database/deadline.py); None turns the deadline off.
     "STATEMENT_DEADLINE": 20,
     # Queue limits, across every worker: {"mailers": {"concurrency": 10, "rate_limit": "100/m"}}.
     "QUEUES": {},

@@ -37,6 +37,8 @@ ensure_system_packages() {
         command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || need_apt+=(iptables)
         [ -x /usr/sbin/pgbouncer ] || need_apt+=(pgbouncer)  # tests/pgbouncer.py
     fi
+    # scripts/docs: the built site's screenshots are taken in Debian's chromium.
+    if [ "${1:-}" = docs ]; then command -v chromium >/dev/null || need_apt+=(chromium); fi
     if [ "${1:-}" = valgrind ]; then command -v valgrind >/dev/null || need_apt+=(valgrind); fi
     if [ ${#need_apt[@]} -gt 0 ]; then
         if [ "$(id -u)" = 0 ]; then

@@ -1,7 +1,7 @@
 """The admin in a real Chromium: log in, retry and delete dead jobs, look at the overview.
 
 Uses Debian's chromium (scripts/_env.sh installs it); nothing is downloaded. Takes the screenshots
-that docs/admin.md shows; ``RWS_SCREENSHOTS=docs`` writes them over the ones in docs/.
+that docs/howto/admin.md shows; ``RWS_SCREENSHOTS=docs`` writes them over the ones in docs/.
 """
 
 from __future__ import annotations

@@ -1,0 +1,13 @@
+# shop/views.py
+from django.db import transaction
+from django.http import HttpResponse
+
+from django_rws_jobs import enqueue
+
+
+def place_order(request):
+    email = request.POST["email"]
+    with transaction.atomic():  # the order and its job commit together, or neither does
+        # order = Order.objects.create(email=email, ...)
+        job_id = enqueue("shop.send_receipt", email, unique=f"receipt:{email}")
+    return HttpResponse(f"receipt job {job_id}", status=202)

@@ -1,0 +1,121 @@
+"""The documentation's code runs as the pages show it: the snippets the pages include
+(docs/snippets), the Prometheus rules and the metrics reference name metrics the endpoint serves,
+and the pages' settings, commands and checks reference is written from the code (docs/_ext)."""
+
+from __future__ import annotations
+
+import re
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+from django.core import mail
+from django.test import override_settings
+
+import django_rws_jobs as rws
+from django_rws_jobs.checks import check_settings
+from django_rws_jobs.database.connections import private_connection  # noqa: F401  (the app is set up)
+from django_rws_jobs.models import Job
+from django_rws_jobs.schedules.declared import check_schedules
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+SNIPPETS = DOCS / "snippets"
+if str(SNIPPETS) not in sys.path:
+    sys.path.insert(0, str(SNIPPETS))  # the tutorial's app, ``shop``, as a project would have it
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+# The test that docs/howto/testing.md shows.
+def test_a_receipt_is_emailed_once_the_order_commits(rf):
+    from shop import jobs, views  # noqa: F401  (importing jobs.py registers the handler)
+
+    response = views.place_order(rf.post("/order/", {"email": "ada@example.com"}))
+    assert response.status_code == 202
+    assert Job.objects.get().job_type == "shop.send_receipt"
+
+    assert rws.tick(queues=["mailers"])  # runs one due job in this thread
+    assert [m.to for m in mail.outbox] == [["ada@example.com"]]
+    assert not Job.objects.exists()  # a job that succeeded leaves no row
+
+
+def test_the_tutorials_unique_key_stores_one_job(rf):
+    from shop import jobs, views  # noqa: F401
+
+    first = views.place_order(rf.post("/order/", {"email": "bo@example.com"}))
+    second = views.place_order(rf.post("/order/", {"email": "bo@example.com"}))
+    assert first.content == second.content
+    assert Job.objects.count() == 1
+
+
+def test_the_tutorials_task_runs_and_keeps_its_result():
+    pytest.importorskip("django.tasks")  # Django 6 (the tutorial's import)
+    from shop.tasks import send_receipt_task
+
+    result = send_receipt_task.enqueue("cy@example.com")
+    assert rws.tick()
+    got = send_receipt_task.get_result(result.id)
+    assert (got.status, got.return_value) == ("SUCCESSFUL", "cy@example.com")
+    assert [m.to for m in mail.outbox] == [["cy@example.com"]]
+
+
+def test_the_settings_snippet_passes_the_system_checks():
+    import shop.jobs  # noqa: F401  (its schedule names shop.send_receipt)
+
+    snippet = runpy.run_path(str(SNIPPETS / "settings.py"))
+    assert "django_rws_jobs" in snippet["INSTALLED_APPS"]
+    assert snippet["TASKS"]["default"]["BACKEND"] == "django_rws_jobs.tasks.RwsJobsBackend"
+    with override_settings(RWS_JOBS=snippet["RWS_JOBS"]):
+        assert check_settings() == []
+        assert check_schedules() == []
+    with override_settings(RWS_JOBS={**snippet["RWS_JOBS"], "LEASE_SECONDS": 1}):
+        assert [m.id for m in check_settings()] == ["rws_jobs.E008"]  # the check can fail
+
+
+def served_metrics() -> set[str]:
+    """The metric names the Prometheus endpoint serves (counters with and without _total)."""
+    from prometheus_client.core import CounterMetricFamily
+
+    from django_rws_jobs.operations.prometheus import QueueCollector
+
+    names = set()
+    for family in QueueCollector("default").collect():
+        names.add(family.name)
+        if isinstance(family, CounterMetricFamily):
+            names.add(family.name + "_total")
+    return names
+
+
+def test_the_alerting_rules_name_metrics_that_are_served():
+    rules = (SNIPPETS / "prometheus-rules.yml").read_text()
+    named = set(re.findall(r"\b(rws_[a-z_]+)\b", rules)) - {"rws_jobs"}  # (the group's name)
+    assert named and named <= served_metrics(), named - served_metrics()
+
+
+def test_the_metrics_reference_lists_every_served_metric():
+    page = (DOCS / "reference" / "metrics.md").read_text()
+    rows = "\n".join(line for line in page.splitlines() if line.startswith("| `rws_"))
+    listed = set(re.findall(r"`(rws_[a-z_]+)`", rows))
+    served = {n for n in served_metrics() if not any(n + "_total" == m for m in served_metrics())}
+    assert listed == served
+
+
+def test_the_reference_writer_reads_every_setting_and_command():
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        import rws_reference
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+    from django_rws_jobs.conf import DEFAULTS
+
+    settings_page = rws_reference.settings_page()
+    for key in DEFAULTS:
+        row = next(line for line in settings_page.splitlines() if line.startswith(f"| `{key}` |"))
+        assert row.split("|")[5].strip(), f"conf.py has no comment above {key}"
+    commands = rws_reference.commands_page()
+    for name in ("rws_worker", "rws_health", "rws_queues", "rws_schedules", "rws_prune_task_results"):
+        assert f"## {name}\n" in commands
+    assert "`--heartbeat-file`" in commands and "`--max-due-age`" in commands
+    checks = rws_reference.checks_page()
+    assert all(f"`rws_jobs.E{n:03d}`" in checks for n in (1, 8, 18, 24, 25, 101, 105))
