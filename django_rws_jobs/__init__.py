@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import JobCancelled, JobTimeout
+from .queue.context import JobContext, current_job
 from .queue.registry import job, register
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ __all__ = [
     "paused_queues",
     "workers",
     "cancel",
+    "current_job",
+    "JobContext",
     "JobTimeout",
     "JobCancelled",
 ]

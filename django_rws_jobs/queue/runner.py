@@ -22,6 +22,7 @@ from ..exceptions import cancel_message
 from ..flow.concurrency_keys import keys_of, promote
 from ..signals import job_dead
 from .cancellation import send_cancelled
+from .context import running
 from .registry import registry
 from .store import Claimed, Store
 
@@ -285,11 +286,16 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
     if spec is None:
         rows = registry.row_runner(job.job_type)
         if rows is not None:
-            outcome = rows.run(job)
+            token = running.set(job)  # current_job() in the task's function
+            try:
+                outcome = rows.run(job)
+            finally:
+                running.reset(token)
             if handlers is not None:
                 handlers.outcome = (outcome, None)
             return outcome, None
         return f"no handler registered for job_type '{job.job_type}'", None
+    token = running.set(job)  # current_job() in the handler
     try:
         call_handler(spec.func, job.payload, spec.is_async, job)
         if handlers is not None:
@@ -308,6 +314,7 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
         )
         return describe(exc), tb
     finally:
+        running.reset(token)
         _close_old_connections()
     return SUCCEEDED
 

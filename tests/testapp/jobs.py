@@ -1,9 +1,10 @@
 """Handlers used by the tests; they leave their traces in the database so other processes see them."""
 
+import json
 import os
 import time
 
-from django_rws_jobs import job
+from django_rws_jobs import current_job, job
 from django_rws_jobs.signals import job_dead
 
 
@@ -294,3 +295,25 @@ def keyed2(payload: str) -> None:
 @job("test.keyed3", concurrency_limit=3)
 def keyed3(payload: str) -> None:
     span(payload)
+
+
+def _whoami(payload: str) -> str:
+    ctx = current_job()
+    return json.dumps(
+        {"label": payload, "id": ctx.id, "job_type": ctx.job_type, "queue": ctx.queue, "attempt": ctx.attempt}
+    )
+
+
+@job("test.whoami")
+def whoami(payload: str) -> None:
+    """Records what current_job() says; "fail-first" fails its first attempt."""
+    _trace("whoami", _whoami(payload))
+    if payload == "fail-first" and current_job().attempt == 1:
+        raise ValueError("the first attempt fails")
+
+
+@job("test.whoami_async")
+async def whoami_async(payload: str) -> None:
+    from .models import Run
+
+    await Run.objects.acreate(kind="whoami", payload=_whoami(payload), pid=os.getpid())

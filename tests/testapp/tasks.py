@@ -98,3 +98,11 @@ def sync_account(account: int, full: bool = False) -> int:
 
 def plain(payload: str) -> None:
     """Not a task: a task made of it at enqueue time is named by a path a worker cannot use."""
+
+
+@task
+def whoami() -> dict:
+    from django_rws_jobs import current_job
+
+    ctx = current_job()
+    return {"job_type": ctx.job_type, "attempt": ctx.attempt, "queue": ctx.queue}
