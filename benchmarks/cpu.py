@@ -49,6 +49,14 @@ def main() -> None:
     )
     parser.add_argument("--tasks", action="store_true", help="no-op @task tasks instead of @job jobs")
     parser.add_argument("--pool", default="threads", choices=["threads", "processes"])
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="TOP",
+        help="profile the drain's CPU time by function (yappi, every thread): the TOP functions by "
+        "their own time, and the time by where the code lives (the profiler doubles the CPU time)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from benchmarks.run import clear, fill_future, reset_database, setup_django
@@ -109,9 +117,17 @@ def main() -> None:
             enqueue_many([{"task": noop}] * args.jobs)
         else:
             enqueue_many([("bench.noop", "")] * args.jobs)
+        if args.profile:
+            import yappi
+
+            yappi.clear_stats()
+            yappi.set_clock_type("cpu")
+            yappi.start(builtins=True)
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         call_command("rws_worker", burst=True, workers=args.workers, pool=args.pool, verbosity=0)
         t1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+        if args.profile:
+            yappi.stop()
         cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         print(
             f"{args.db} run {run + 1}: {args.jobs / (t1 - t0):,.0f} jobs/s, worker CPU "
@@ -129,6 +145,38 @@ def main() -> None:
                 f"  {label}: p50 {percentile(values, 0.5) * 1e6:.0f} us, "
                 f"p90 {percentile(values, 0.9) * 1e6:.0f} us, p99 {percentile(values, 0.99) * 1e6:.0f} us"
             )
+        if args.profile:
+            print_profile(yappi.get_func_stats(), args.jobs, args.profile)
+
+
+def where(path: str) -> str:
+    """Where a function's code lives: a part of the package, Django, a driver, or Python."""
+    if "django_rws_jobs/" in path:
+        rest = path.split("django_rws_jobs/", 1)[1]
+        return "rws " + (rest.split("/", 1)[0] if "/" in rest else rest.removesuffix(".py"))
+    for name in ("django", "psycopg", "MySQLdb", "pymysql", "asgiref"):
+        if f"/{name}/" in path:
+            return name
+    if path.startswith("..") or "/" not in path:
+        return "C (builtins, the drivers' C code)"
+    return "Python's library"
+
+
+def print_profile(stats, jobs: int, top: int) -> None:
+    """The TOP functions by their own CPU time, and the own time summed by where the code lives,
+    in microseconds per job."""
+    rows = sorted(stats, key=lambda s: s.tsub, reverse=True)
+    total = sum(s.tsub for s in rows)
+    print(f"  profile: {total / jobs * 1e6:.0f} us/job of own time in all (profiled)")
+    groups: collections.Counter[str] = collections.Counter()
+    for s in rows:
+        groups[where(s.module)] += s.tsub
+    for name, t in groups.most_common():
+        print(f"    {name:40} {t / jobs * 1e6:7.1f} us/job {t / total:6.1%}")
+    print(f"  the {top} functions with the most own time (us/job, calls/job):")
+    for s in rows[:top]:
+        module = s.module.split("site-packages/")[-1].split("django_rws_jobs/")[-1]
+        print(f"    {s.tsub / jobs * 1e6:7.1f} {s.ncall / jobs:6.2f}  {s.name} ({module}:{s.lineno})")
 
 
 if __name__ == "__main__":
