@@ -1,9 +1,12 @@
 """The documentation's code runs as the pages show it: the snippets the pages include
 (docs/snippets), the Prometheus rules and the metrics reference name metrics the endpoint serves,
-and the pages' settings, commands and checks reference is written from the code (docs/_ext)."""
+the pages' settings, commands and checks reference is written from the code (docs/_ext), and every
+code block of the pages and the README calls the API, names settings and passes command options
+that exist."""
 
 from __future__ import annotations
 
+import ast
 import re
 import runpy
 import sys
@@ -119,3 +122,118 @@ def test_the_reference_writer_reads_every_setting_and_command():
     assert "`--heartbeat-file`" in commands and "`--max-due-age`" in commands
     checks = rws_reference.checks_page()
     assert all(f"`rws_jobs.E{n:03d}`" in checks for n in (1, 8, 18, 24, 25, 101, 105))
+
+
+# Every code block of the pages and the README: a renamed function, keyword, setting or command
+# option breaks one of these tests, not a reader.
+
+BLOCK = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.S | re.M)
+PAGES = [p for p in DOCS.rglob("*.md") if "_build" not in p.parts] + [DOCS.parent / "README.md"]
+
+
+def blocks(language: str) -> list[tuple[str, str]]:
+    found = []
+    for page in PAGES:
+        for lang, body in BLOCK.findall(page.read_text()):
+            if lang == language:
+                found.append((str(page.relative_to(DOCS.parent)), body))
+    return found
+
+
+def python_source(body: str) -> str:
+    """A block's code, without the interpreter's prompts and what it printed."""
+    if ">>> " not in body:
+        return body
+    return "\n".join(line[4:] for line in body.splitlines() if line.startswith((">>> ", "... ")))
+
+
+def test_the_pages_python_blocks_parse():
+    assert len(blocks("python")) > 15
+    for page, body in blocks("python"):
+        try:
+            ast.parse(python_source(body))
+        except SyntaxError as exc:
+            raise AssertionError(f"{page}: {exc}\n{body}") from None
+
+
+def public_calls(tree: ast.AST) -> list[tuple[str, list[str]]]:
+    """(name, keywords) of each call of the public API: ``rws.name(...)``, or a public name (imported
+    from django_rws_jobs or not), as a call or a decorator."""
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "django_rws_jobs"
+        for alias in node.names
+    } | set(rws.__all__)  # a block may leave its imports out
+    calls = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "rws":
+            name = func.attr
+        elif isinstance(func, ast.Name) and func.id in imported:
+            name = func.id
+        else:
+            continue
+        calls.append((name, [k.arg for k in node.keywords if k.arg]))
+    return calls
+
+
+def test_the_pages_call_the_api_as_it_is():
+    import inspect
+
+    checked = 0
+    for page, body in blocks("python"):
+        for name, keywords in public_calls(ast.parse(python_source(body))):
+            assert hasattr(rws, name), f"{page}: django_rws_jobs has no {name}"
+            params = inspect.signature(getattr(rws, name)).parameters
+            if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                continue
+            unknown = set(keywords) - set(params)
+            assert not unknown, f"{page}: {name}() takes no {sorted(unknown)}"
+            checked += 1
+    assert checked > 5
+
+
+def test_the_pages_settings_are_real():
+    from django_rws_jobs.conf import DEFAULTS
+
+    seen_keys = 0
+    for page, body in blocks("python"):
+        for node in ast.walk(ast.parse(python_source(body))):
+            if (
+                isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "RWS_JOBS" for t in node.targets)
+                and isinstance(node.value, ast.Dict)
+            ):
+                keys = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+                assert keys <= set(DEFAULTS), f"{page}: RWS_JOBS has no {sorted(keys - set(DEFAULTS))}"
+                seen_keys += len(keys)
+    assert seen_keys > 5
+
+
+def test_the_pages_command_options_are_real():
+    from django.core.management import load_command_class
+
+    commands = ("rws_worker", "rws_health", "rws_queues", "rws_schedules", "rws_prune_task_results")
+    options = {
+        name: {
+            o
+            for a in load_command_class("django_rws_jobs", name).create_parser("", name)._actions
+            for o in a.option_strings
+        }
+        for name in commands
+    }
+    checked = 0
+    for page, body in [*blocks("sh"), *blocks("yaml"), *blocks("ini")]:
+        for line in body.splitlines():
+            code = line.split(" #")[0]
+            name = next((c for c in commands if c in code.split() or f'"{c}"' in code), None)
+            if name is None:
+                continue
+            flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", code.split(name, 1)[1]))
+            unknown = flags - options[name]
+            assert not unknown, f"{page}: {name} has no {sorted(unknown)}: {line}"
+            checked += len(flags)
+    assert checked > 10
