@@ -7,9 +7,11 @@ import math
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any
 
 from django.db import Error as DatabaseError
@@ -51,6 +53,35 @@ RESPAWN_DELAY_MAX = 30.0
 WATCHED = frozenset(
     {Dispatcher.ROLE, Completer.ROLE, LeaseKeeper.ROLE, Scheduler.ROLE, Watchdog.ROLE, CancelWatcher.ROLE}
 )
+
+
+def print_stacks(signum: int, frame: Any) -> None:
+    """SIGUSR1's handler: write every thread's stack to stderr, then go on.
+
+    It runs in the main thread as Python code and reads the other threads' frames as Python
+    objects, under the GIL: a thread that moves on meanwhile gives a stale line, never a crash.
+    faulthandler's C handler, which walks the frames without the GIL while their threads run,
+    crashed busy workers with SIGSEGV (tests/test_worker.py::test_sigusr1_never_kills_a_busy_worker).
+    It takes no lock (the main thread may hold any when the signal arrives) and writes to file
+    descriptor 2 itself, not through sys.stderr, whose buffer a write the signal interrupted may
+    hold.
+    """
+    chunks = []
+    for ident, top in sys._current_frames().items():
+        chunks.append(f"Thread {ident:#x} (most recent call first):\n")
+        f: FrameType | None = top
+        while f is not None:
+            chunks.append(f'  File "{f.f_code.co_filename}", line {f.f_lineno} in {f.f_code.co_name}\n')
+            f = f.f_back
+        chunks.append("\n")
+    data = "".join(chunks).encode("utf-8", "backslashreplace")
+    while data:
+        try:
+            data = data[os.write(2, data) :]
+        except InterruptedError:
+            continue
+        except OSError:
+            return  # stderr is gone: nothing to tell
 
 
 class Worker:

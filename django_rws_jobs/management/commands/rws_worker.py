@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import logging
 import os
 import select
@@ -24,6 +23,7 @@ from django_rws_jobs.database.validation import queue_list
 # it with no graceful stop
 # (tests/test_worker.py::test_processes_option_shares_the_work_and_stops_cleanly).
 from django_rws_jobs.worker import Worker
+from django_rws_jobs.worker.supervisor import print_stacks
 
 #: Seconds between the children's thread dumps (SIGUSR1 to the parent of --processes).
 DUMP_GAP = 0.5
@@ -179,9 +179,9 @@ class Command(BaseCommand):
         through once its own handlers are set, so one sent earlier waits instead of killing it."""
         worker = Worker(**settings)
         worker.install_signal_handlers()
-        # SIGUSR1 prints every thread's stack to stderr, from C, whatever the threads hold: a
-        # wedged worker explains itself (tests/test_worker.py::test_sigusr1_prints_every_threads_stack).
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+        # SIGUSR1 prints every thread's stack to stderr: a wedged worker explains itself
+        # (tests/test_worker.py::test_sigusr1_prints_every_threads_stack).
+        signal.signal(signal.SIGUSR1, print_stacks)
         if unblock:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
         return worker.run()
