@@ -17,6 +17,8 @@ from .queue.registry import job, register
 
 if TYPE_CHECKING:
     from .models import Job, Worker
+    from .queue.batches import Batch, Call
+    from .queue.batches import batch as OpenBatch
     from .schedules.declared import Schedule
 
 __all__ = [
@@ -35,6 +37,9 @@ __all__ = [
     "paused_queues",
     "workers",
     "cancel",
+    "batch",
+    "call",
+    "get_batch",
     "current_job",
     "JobContext",
     "JobTimeout",
@@ -167,3 +172,47 @@ def cancel(job_id: str, *, by: str | None = None, using: str | None = None) -> b
     from .queue.cancellation import cancel as _cancel
 
     return _cancel(job_id, by=by, using=using)
+
+
+def batch(
+    *,
+    on_success: Call | list[Call] | None = None,
+    on_failure: Call | list[Call] | None = None,
+    on_finish: Call | list[Call] | None = None,
+    description: str = "",
+    metadata: dict[str, Any] | None = None,
+    fail_fast: bool = False,
+    using: str | None = None,
+) -> OpenBatch:
+    """``with batch(on_success=call(...)) as b:``: every job enqueued in the block is a member;
+    leaving the block seals the batch, an exception in it cancels the batch. Once every member
+    has ended, ``on_finish`` is enqueued, and ``on_success`` if all succeeded, else
+    ``on_failure``: each once per finish, whatever crashes. ``fail_fast``: the first member that
+    dies cancels the rest. ``b.id`` is its id."""
+    from .queue.batches import batch as _batch
+
+    return _batch(
+        on_success=on_success,
+        on_failure=on_failure,
+        on_finish=on_finish,
+        description=description,
+        metadata=metadata,
+        fail_fast=fail_fast,
+        using=using,
+    )
+
+
+def call(target: Any, *args: Any, **options: Any) -> Call:
+    """A batch's callback: a job_type, its payload and enqueue options
+    (``call("reports.build", "7", queue="reports")``), or a django.tasks task and its arguments
+    (``call(build_report, import_id=7)``)."""
+    from .queue.batches import call as _call
+
+    return _call(target, *args, **options)
+
+
+def get_batch(batch_id: str, *, using: str | None = None) -> Batch | None:
+    """The batch ``batch_id`` with its state and counts, or None."""
+    from .queue.batches import get_batch as _get_batch
+
+    return _get_batch(batch_id, using=using)

@@ -74,6 +74,11 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
         lambda v: v is None or (isinstance(v, str) and len(v) >= 16),
         "None or a str of at least 16 characters",
     ),
+    "METADATA_MAX_BYTES": (
+        "rws_jobs.E026",
+        *_bounded("an integer number of bytes", 2, 16 * 2**20, integer=True),
+    ),
+    "BATCH_RETENTION": ("rws_jobs.E027", *_bounded(SECONDS, 0, 100 * YEAR)),
     "POOLER": (
         "rws_jobs.E024",
         lambda v: v in (None, "transaction", "session"),

@@ -60,6 +60,10 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_RETENTION": 2 * 86400,
     # A bearer token that may read the Prometheus endpoint (django_rws_jobs.urls); None: staff only.
     "METRICS_TOKEN": None,
+    # The most bytes of JSON a batch's metadata (and a job's, enqueue(metadata=)) may take.
+    "METADATA_MAX_BYTES": 65536,
+    # Seconds a finished or cancelled batch's row is kept (counts, outcome) before a worker prunes it.
+    "BATCH_RETENTION": 7 * 86400,
 }
 
 

@@ -124,6 +124,11 @@ class Job(models.Model):
     cancel_requested_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds"))
     cancelled_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds"))
     cancelled_by = models.CharField(max_length=191, null=True, blank=True)
+    # Batches (queue/batches.py): the batch a member belongs to, or whose callback this job is;
+    # a callback's event ("success", "failure", "finish"), NULL for a member. Membership itself
+    # is the rws_batch_members row, which outlives the job's row.
+    batch_id = models.CharField(max_length=64, null=True, blank=True)
+    batch_event = models.CharField(max_length=16, null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 
@@ -203,6 +208,71 @@ class JobSchedule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class BatchState(models.TextChoices):
+    """A batch's state (queue/batches.py). ``open``: jobs are being added (the ``with`` block runs);
+    ``sealed``: the block ended, the batch finishes once no member is outstanding; ``finished``:
+    its callbacks were enqueued (``retry_failed`` seals it again, one generation later);
+    ``cancelled``: ``cancel()`` or an exception in the block, no callback fires."""
+
+    OPEN = "open", _("open")
+    SEALED = "sealed", _("sealed")
+    FINISHED = "finished", _("finished")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+class BatchRecord(models.Model):
+    """One row of ``rws_batches``: a batch, its callbacks and how many members it was given."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    description = models.TextField(db_default="", default="", blank=True)
+    metadata = models.TextField(null=True, blank=True, help_text=_("JSON"))
+    # JSON: {"success": [row, ...], "failure": [...], "finish": [...]}, each row a callback's
+    # INSERT parameters as api.prepare made them when call() was given (batches.call).
+    callbacks = models.TextField(db_default="{}", default="{}")
+    state = models.CharField(
+        max_length=16, choices=BatchState.choices, db_default=BatchState.OPEN, default=BatchState.OPEN
+    )
+    outcome = models.CharField(max_length=16, null=True, blank=True, help_text=_("succeeded or failed"))
+    fail_fast = models.BooleanField(db_default=False, default=False)
+    # Bumped by retry_failed: a finish decided before it cannot be written after it.
+    generation = models.IntegerField(db_default=0, default=0)
+    total = models.BigIntegerField(db_default=0, default=0, help_text=_("members added"))
+    created_at = models.BigIntegerField(help_text=_("unix seconds"))
+    sealed_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds"))
+    finished_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds"))
+
+    class Meta:
+        db_table = "rws_batches"
+        verbose_name = _("batch")
+        verbose_name_plural = _("batches")
+        indexes = [
+            # The sweep of sealed batches, and the pruning of finished ones by age.
+            models.Index(fields=["state", "finished_at"], name="rws_batches_state_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"batch {self.id} ({self.state})"
+
+
+class BatchMember(models.Model):
+    """One row of ``rws_batch_members``: a member that has not succeeded. Deleted when it
+    succeeds; ``outcome`` is NULL while it is outstanding, else failed or cancelled."""
+
+    job_id = models.CharField(max_length=64, primary_key=True)
+    batch_id = models.CharField(max_length=64)
+    outcome = models.CharField(max_length=16, null=True, blank=True)
+
+    class Meta:
+        db_table = "rws_batch_members"
+        verbose_name = _("batch member")
+        verbose_name_plural = _("batch members")
+        default_permissions = ()
+        indexes = [
+            # "Is any member outstanding?" and the counts: a range of one batch's rows.
+            models.Index(fields=["batch_id", "outcome"], name="rws_batch_members_idx"),
+        ]
 
 
 class Queue(models.Model):

@@ -34,6 +34,7 @@ from ..database.validation import text as _text
 from ..database.validation import timeout as _timeout
 from ..models import Job, Status
 from . import ids
+from .members import join, open_batch
 from .registry import registry
 
 logger = logging.getLogger("django_rws_jobs")
@@ -113,6 +114,8 @@ def prepare(
         status,
         concurrency_key,
         limit,
+        None,  # batch_id: set where a batch takes the job (batches.py)
+        None,  # batch_event
         unique_hash(job_type, unique) if unique is not None else None,
     ]
 
@@ -160,15 +163,42 @@ def insert_prepared(alias: str, params: list[Any]) -> str:
     """Insert one job that ``prepare`` made, in the caller's transaction; return its id (or, for
     a unique job, the id of the live job holding its key). Wakes this process's workers at commit."""
     backend_for(connections[alias]).check_insert_size(params, "the job")
-    if params[-1] is None:
-        _insert(connections[alias], params)
-        job_id = params[0]
+    member_of = _open_batch(alias)
+    if member_of is not None:
+        # The job, its member row and the batch's total in one transaction (batches.join).
+        params[13] = member_of
+        with transaction.atomic(using=alias):
+            job_id = _insert_one(alias, params)
+            if job_id == params[0]:  # a unique job already live is not made a member
+                join(connections[alias], member_of, [job_id])
     else:
-        job_id = _insert_unique(alias, params)
+        job_id = _insert_one(alias, params)
     if params[11] is not None and params[4] <= params[5]:  # a due job with a concurrency key
         _promote_at_commit(alias, params[11])
     _wake_local_workers(alias)
     return job_id
+
+
+def _insert_one(alias: str, params: list[Any]) -> str:
+    if params[-1] is None:
+        _insert(connections[alias], params)
+        return str(params[0])
+    return _insert_unique(alias, params)
+
+
+def _open_batch(alias: str) -> str | None:
+    """The id of the batch open in this context (batches.batch), which takes the jobs enqueued
+    now; ValueError for a job of another database than the batch's."""
+    member_of = open_batch.get()
+    if member_of is None:
+        return None
+    batch_id, batch_alias = member_of
+    if alias != batch_alias:
+        raise ValueError(
+            f"a job enqueued on database {alias!r} inside batch {batch_id}, which is on {batch_alias!r}: "
+            "a batch's members are on its own database"
+        )
+    return batch_id
 
 
 def _promote_at_commit(alias: str, key: str) -> None:
@@ -217,28 +247,39 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
     call, so that nothing of it is stored. Unique items keep ``enqueue``'s semantics (the id of the
     live job holding the key is returned).
     """
+    check_items(jobs)
+    _int("batch_size", batch_size, 1, 10_000)
+    return enqueue_items(jobs, queue_alias(using), batch_size)
+
+
+def check_items(jobs: Any) -> None:
     if isinstance(jobs, (str, bytes, bytearray, dict)) or not hasattr(jobs, "__iter__"):
         # A str would be taken for its characters, a dict for its keys.
         raise TypeError(f"jobs must be a list of jobs, got {type(jobs).__name__} {show(jobs)}")
-    _int("batch_size", batch_size, 1, 10_000)
-    alias = queue_alias(using)
+
+
+def enqueue_items(jobs: Iterable[Any], alias: str, batch_size: int, first: int = 0) -> list[str]:
+    """enqueue_many's work, the items' numbers in errors counted from ``first``; the jobs join the
+    batch open in this context, if any."""
     conn = connections[alias]
+    member_of = _open_batch(alias)
     rows: list[list[Any]] = []
     now = clock.now(alias)
 
     def plain() -> Iterator[list[Any]]:
         """Validate the items one by one; yield the rows without a unique key."""
-        for index, item in enumerate(jobs):
+        for index, item in enumerate(jobs, first):
             try:
                 row = _item_params(item, now)
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"job #{index}: {exc}") from None
+            row[13] = member_of
             rows.append(row)
             if row[-1] is None:
                 yield row
 
     def where() -> str:  # the item plain() yielded last
-        return f"job #{len(rows) - 1}"
+        return f"job #{first + len(rows) - 1}"
 
     with transaction.atomic(using=alias):
         with conn.cursor() as c:
@@ -248,8 +289,11 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
             watched = bool(conn.execute_wrappers) or conn.queries_logged
             backend_for(conn).insert_many(c, plain(), batch_size, where, watched)
         ids = [
-            r[0] if r[-1] is None else _insert_unique_checked(conn, alias, r, i) for i, r in enumerate(rows)
+            r[0] if r[-1] is None else _insert_unique_checked(conn, alias, r, first + i)
+            for i, r in enumerate(rows)
         ]
+        if member_of is not None:  # a unique job already live is not made a member
+            join(conn, member_of, [i for i, r in zip(ids, rows, strict=True) if i == r[0]])
         _wake_local_workers(alias)
     return ids
 

@@ -93,7 +93,29 @@ def _after_cancel(job: Job, freed_key: str | None, alias: str) -> None:
                 job.job_type,
                 freed_key,
             )
+    if job.batch_id is not None:
+        _settle_member(job, alias)
     send_cancelled(job)
+
+
+def _settle_member(job: Job, alias: str) -> None:
+    """A batch member cancelled before it ran: its member row, and its batch's finish; one that
+    fails is logged and left to the workers' batch sweep (batch_outcomes.py)."""
+    from django.db import connections
+
+    from ..database.backends.claimed import Claimed
+    from .batch_outcomes import settle
+    from .store import Store
+
+    member = Claimed(
+        job.id, job.job_type, "", job.queue, 0, 0, 0, 0, 0, None, None, None, None, job.batch_id, ""
+    )
+    try:
+        settle(Store(connections[alias]), [(member, "cancelled")], int(clock.now(alias)))
+    except Exception:
+        logger.exception(
+            "job %s cancelled; recording it in batch %s failed: a worker's sweep will", job.id, job.batch_id
+        )
 
 
 def send_cancelled(job: Any) -> None:

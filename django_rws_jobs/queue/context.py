@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..database.backends.claimed import Claimed
+    from .batches import Batch
 
 #: The job whose handler runs in this context (the claim as the worker holds it).
 running: ContextVar[Claimed | None] = ContextVar("rws_running_job", default=None)
@@ -32,6 +33,32 @@ class JobContext:
     queue: str
     #: Which run this is: 1 on the first, 2 on the first retry, and so on.
     attempt: int
+    #: The id of the batch this job is a member of, or whose callback it is; else None.
+    batch_id: str | None = None
+
+    @property
+    def batch(self) -> Batch | None:
+        """The batch (read now) this job is a member of, or whose callback it is; else None."""
+        if self.batch_id is None:
+            return None
+        from .batches import get_batch
+
+        return get_batch(self.batch_id, using=_alias())
+
+    @property
+    def batch_event(self) -> str | None:
+        """For a batch's callback, why it runs: "success", "failure" or "finish"; else None."""
+        if self.batch_id is None:
+            return None
+        from ..models import Job
+
+        return Job.objects.using(_alias()).filter(id=self.id).values_list("batch_event", flat=True).first()
+
+
+def _alias() -> Any:
+    from ..database.connections import queue_alias
+
+    return queue_alias(None)
 
 
 def current_job() -> JobContext | None:
@@ -39,4 +66,6 @@ def current_job() -> JobContext | None:
     job = running.get()
     if job is None:
         return None
-    return JobContext(id=job.id, job_type=job.job_type, queue=job.queue, attempt=job.attempts + 1)
+    return JobContext(
+        id=job.id, job_type=job.job_type, queue=job.queue, attempt=job.attempts + 1, batch_id=job.batch_id
+    )

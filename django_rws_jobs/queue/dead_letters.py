@@ -17,6 +17,8 @@ from ..database.validation import integer as _int
 from ..database.validation import job_id as _job_id
 from ..models import Job, Status
 from .api import unique_hash
+from .batch_outcomes import reopen_members
+from .store import Store
 
 #: The statuses retry() takes back: the dead-letter list and cancelled jobs.
 ENDED = (Status.FAILED, Status.CANCELLED)
@@ -66,6 +68,8 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
                         cancelled_by=None,
                     )
                 )
+            if changed:
+                reopen_members(Store(connections[alias]), [job_id])
         except IntegrityError:
             return False
     return changed == 1
@@ -188,6 +192,7 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
                     failed_at=None,
                     task_history=None,  # a retried task starts a new history, as attempts do
                 )
+                reopen_members(Store(connections[alias]), retried)
         except IntegrityError:
             # A key was taken since the look above (an enqueue that committed meanwhile): one by
             # one, as retry() does, which tells which.

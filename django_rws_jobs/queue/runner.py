@@ -21,6 +21,7 @@ from ..database.connections import is_registered, is_transient, thread_connected
 from ..exceptions import cancel_message
 from ..flow.concurrency_keys import keys_of, promote
 from ..signals import job_dead
+from .batch_outcomes import settle
 from .cancellation import send_cancelled
 from .context import running
 from .registry import registry
@@ -514,15 +515,20 @@ def run_claimed(store: Store, job: Claimed) -> str:
     Exception (SystemExit, KeyboardInterrupt) is recorded as the job's failure, as the worker
     records it, then raised (tests/test_faults.py::test_tick_records_a_system_exit_then_raises)."""
     if asked_to_cancel(job):
-        return record_or_fallback(
+        result = record_or_fallback(
             lambda fn: fn(store), job, CancelledUnrun(cancel_message(None, running=False)), None
         )
+        settle(store, [(job, result)], int(clock.now(store.conn.alias)))
+        return result
     try:
         error, tb = execute(job)
     except BaseException as exc:
-        record_or_fallback(lambda fn: fn(store), job, describe(exc), traceback.format_exc())
+        result = record_or_fallback(lambda fn: fn(store), job, describe(exc), traceback.format_exc())
+        settle(store, [(job, result)], int(clock.now(store.conn.alias)))
         raise
-    return record_or_fallback(lambda fn: fn(store), job, error, tb)
+    result = record_or_fallback(lambda fn: fn(store), job, error, tb)
+    settle(store, [(job, result)], int(clock.now(store.conn.alias)))
+    return result
 
 
 def recover(store: Store, now: int | None = None, limit: int = 100) -> int:
@@ -540,12 +546,16 @@ def recover(store: Store, now: int | None = None, limit: int = 100) -> int:
     while True:
         expired = store.expired(now, limit)
         batch = 0
+        ended = []
         for job in expired:
             error = WORKER_LOST.format(token=job.token)
-            if record(store, job, error, None, expired_before=now) != "lost":
+            result = record(store, job, error, None, expired_before=now)
+            if result != "lost":
                 batch += 1
                 freed += keys_of([job])
+                ended.append((job, result))
                 logger.warning("job %s (%s) recovered: %s", job.id, job.job_type, error)
+        settle(store, ended, now)
         taken += batch
         if len(expired) < limit or batch == 0:
             if freed:

@@ -15,6 +15,7 @@ from ..conf import jobs_settings
 from ..database import clock
 from ..flow.concurrency_keys import keys_of, promote
 from ..operations.metrics import FLUSH_EVERY, write
+from ..queue.batch_outcomes import settle
 from ..queue.registry import registry
 from ..queue.runner import record_or_fallback
 from ..queue.store import Claimed, Store
@@ -120,6 +121,7 @@ class Completer:
         keys = keys_of(job for job, _, _ in items)
         if keys:
             self._promote(deadline, keys)
+        settle_batches(self.db, deadline, self.shared.alias, ended)
 
     def _promote(self, deadline: float, keys: list[str]) -> None:
         """Promote the next jobs of the keys whose slots this batch freed; one that fails is left
@@ -182,6 +184,19 @@ class Completer:
                 job.job_type,
             )
             return "lost"
+
+
+def settle_batches(db: Retry, deadline: float, alias: str, ended: list[tuple[Claimed, str]]) -> None:
+    """The members among ``ended``: their rows, and their batches' finish (batch_outcomes.py).
+    One that fails is logged and left to the keeper's sweep."""
+    if not any(job.batch_id is not None for job, _ in ended):
+        return
+    try:
+        db.until(
+            deadline, lambda c: settle(c.store(), ended, int(clock.now(alias))), "settling batch members"
+        )
+    except Exception:
+        logger.exception("could not record the batch outcomes of %d job(s); the sweep will", len(ended))
 
 
 def record_late_outcomes(shared: Shared) -> None:

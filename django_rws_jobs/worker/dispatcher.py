@@ -15,6 +15,7 @@ from ..flow.limited_claims import claim_limited_queues
 from ..flow.pauses import NONE_UNPAUSED, QueueFilter
 from ..queue.ids import claim_token
 from ..queue.store import Claimed, Store
+from .completer import settle_batches
 from .reconnect import Connection, Retry
 from .shared import Shared, outcomes
 
@@ -156,6 +157,9 @@ class Dispatcher:
             shared.stats.add(ended)
             shared.counters.ended(finished, ended)
             shared.let_go(finished)
+            settle_batches(
+                self.db, time.monotonic() + self.lease, shared.alias, list(zip(finished, ended, strict=True))
+            )
         if claimed:
             return self._hand_out(claimed)
         if self.burst:

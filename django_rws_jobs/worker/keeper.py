@@ -15,6 +15,7 @@ from ..database import clock
 from ..database.connections import is_transient
 from ..operations import metrics
 from ..operations.worker_rows import Registration, forget_dead, heartbeat_interval
+from ..queue import batch_outcomes
 from ..queue.cancellation import prune_cancelled
 from ..queue.runner import recover
 from ..queue.store import Claimed
@@ -94,10 +95,13 @@ class LeaseKeeper:
             prune_expired(self.shared.alias)
 
     def _tidy(self, store: Any) -> None:
-        """Delete dead workers' rows after an hour, and cancelled jobs past their retention."""
+        """Delete dead workers' rows after an hour, and cancelled jobs past their retention;
+        repair the batches a crash left and prune the ended ones past their retention."""
         now = int(clock.now(self.shared.alias))
         forget_dead(store, now)
         prune_cancelled(store, now, float(jobs_settings.CANCELLED_RETENTION))
+        batch_outcomes.sweep(store, now)
+        batch_outcomes.prune(store, now, float(jobs_settings.BATCH_RETENTION))
         metrics.prune(store, now - int(jobs_settings.METRICS_RETENTION))
 
     def _beat(self, held: list[Claimed]) -> None:

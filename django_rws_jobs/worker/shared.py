@@ -17,6 +17,7 @@ from django.db import Error as DatabaseError
 from ..database import clock
 from ..flow.concurrency_keys import keys_of, promote
 from ..operations.metrics import Counters
+from ..queue.batch_outcomes import settle
 from ..queue.runner import record_cancel
 from ..queue.store import Claimed
 from .reconnect import Connection
@@ -187,6 +188,7 @@ class Shared:
         holder = Connection(self.alias)
         try:
             released = []
+            cancelled = []
             for job in jobs:
                 try:
                     if holder.store().release(job):
@@ -194,9 +196,15 @@ class Shared:
                         logger.warning("job %s (%s) handed back: %s", job.id, job.job_type, why)
                     elif record_cancel(holder.store(), job, None, None):  # its cancel was requested
                         released.append(job)
+                        cancelled.append((job, "cancelled"))
                 except DatabaseError as exc:
                     logger.error("could not hand back job %s: %s; its lease will expire", job.id, exc)
                     holder.reset()
+            if cancelled:
+                try:
+                    settle(holder.store(), cancelled, int(clock.now(self.alias)))
+                except DatabaseError as exc:
+                    logger.error("could not record %d cancelled batch member(s): %s", len(cancelled), exc)
             keys = keys_of(released)
             if keys:
                 try:  # the next job of each key, for another worker (the sweeps would, later)

@@ -317,3 +317,30 @@ async def whoami_async(payload: str) -> None:
     from .models import Run
 
     await Run.objects.acreate(kind="whoami", payload=_whoami(payload), pid=os.getpid())
+
+
+@job("test.batch_callback")
+def batch_callback(payload: str) -> None:
+    """Records the batch and event it was called for, with the batch's counts as it reads them."""
+    ctx = current_job()
+    b = ctx.batch
+    _trace(
+        "callback",
+        json.dumps(
+            {
+                "payload": payload,
+                "batch": ctx.batch_id,
+                "event": ctx.batch_event,
+                "state": b.state,
+                "counts": [b.total, b.succeeded, b.failed, b.cancelled, b.pending],
+            }
+        ),
+    )
+
+
+@job("test.batch_member")
+def batch_member(payload: str) -> None:
+    """Records the batch it belongs to; fails when its payload says "fail"."""
+    _trace("member", json.dumps({"payload": payload, "batch": current_job().batch_id}))
+    if payload == "fail":
+        raise ValueError("member failed")

@@ -25,12 +25,12 @@ BACKENDS: dict[str, type[BaseBackend]] = {
 
 
 def backend_for(conn: BaseDatabaseWrapper) -> BaseBackend:
-    """The backend of the Django connection ``conn``."""
-    try:
-        return conn.rws_backend
-    except AttributeError:
+    """The backend of the Django connection ``conn``. A copy of a connection (``copy.copy``,
+    Django's ``connection.copy()``) carries its original's attribute: it gets its own."""
+    backend = getattr(conn, "rws_backend", None)
+    if backend is None or backend.conn is not conn:
         backend = conn.rws_backend = BACKENDS.get(conn.vendor, BaseBackend)(conn)
-        return backend
+    return backend
 
 
 __all__ = ["BaseBackend", "BaseFeatures", "Claimed", "Sql", "backend_for"]

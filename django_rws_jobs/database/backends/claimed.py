@@ -29,6 +29,8 @@ class Claimed:
     # Set when a cancel was asked while the job ran before and it came back to the queue without
     # it being carried out (the Rust crate's retry or its start-up reset): runner.asked_to_cancel.
     cancel_requested_at: int | None
+    # The batch this job is a member of, or whose callback it is (queue/batches.py).
+    batch_id: str | None
     token: str
 
     @classmethod

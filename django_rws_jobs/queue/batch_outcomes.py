@@ -1,0 +1,288 @@
+"""What a batch's members' outcomes do to it: the member rows, the finish and its callbacks.
+
+Invariants (docs/explanation/batches.md; tests/test_batches.py):
+
+- A member's row in ``rws_batch_members`` is deleted when the member succeeds and given an
+  outcome (failed, cancelled) when it ends otherwise: set operations, so that writing one twice
+  (a job run again after its lease expired, the sweep after a worker) changes nothing.
+- They are written after the job's own outcome has committed (``settle``). A worker that dies
+  between the two leaves the member outstanding with its job ended: ``sweep`` reconciles it from
+  the job's row, which is the truth (no row: it succeeded).
+- ``try_finish`` probes for an outstanding member after those commits, so whichever writer ends
+  the last member sees none. The finish itself is a compare-and-set of the batch row from
+  ``sealed`` to ``finished`` on its generation, with the callbacks inserted in the same
+  transaction: of the writers that saw nothing outstanding, one wins it, and each callback is
+  enqueued once per finish. ``retry_failed`` (and any retry of a member) bumps the generation,
+  so that a finish decided before it cannot be written after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from ..database.backends.claimed import Claimed
+from ..database.backends.inserts import INSERT_SQL
+from ..flow.concurrency_keys import promote
+from . import ids
+
+logger = logging.getLogger("django_rws_jobs")
+
+#: A callback's row: the parameters ``api.prepare`` makes, where these are filled at the finish.
+ROW_ID, ROW_DUE, ROW_CREATED, ROW_KEY, ROW_BATCH, ROW_EVENT = 0, 4, 5, 11, 13, 14
+#: Member rows the sweep looks at in one statement.
+SWEEP_LIMIT = 500
+#: What a member cancelled by its fail_fast batch carries as its error.
+FAIL_FAST_MESSAGE = "cancelled: another member of its batch (fail_fast) moved to the dead-letter list"
+#: Ids in one IN list.
+CHUNK = 500
+
+
+def marks(n: int) -> str:
+    return ", ".join(["%s"] * n)
+
+
+def chunks(values: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+def settle(store: Any, ended: Iterable[tuple[Claimed, str]], now: int) -> int:
+    """Write what became of the members among ``ended`` (a job with what ``record`` returned:
+    "done", "dead", "cancelled"; others change nothing), then finish their batches where nothing
+    is left. Returns how many batches finished. Jobs outside batches cost nothing here."""
+    done: list[str] = []
+    ended_as: dict[str, list[str]] = {"failed": [], "cancelled": []}
+    touched: dict[str, bool] = {}  # batch id: whether a member of it died (for fail_fast)
+    for job, result in ended:
+        if job.batch_id is None:
+            continue
+        if result == "done":
+            done.append(job.id)
+        elif result in ("dead", "cancelled"):
+            ended_as["failed" if result == "dead" else "cancelled"].append(job.id)
+        else:
+            continue
+        touched[job.batch_id] = touched.get(job.batch_id, False) or result == "dead"
+    if not touched:
+        return 0
+    with store.writes, store.cursor() as c:
+        for part in chunks(done):
+            c.execute(f"DELETE FROM rws_batch_members WHERE job_id IN ({marks(len(part))})", list(part))
+        for outcome, job_ids in ended_as.items():
+            for part in chunks(job_ids):
+                c.execute(
+                    f"UPDATE rws_batch_members SET outcome = %s WHERE job_id IN ({marks(len(part))}) "
+                    "AND outcome IS NULL",
+                    [outcome, *part],
+                )
+    return sum(try_finish(store, batch_id, now, died) for batch_id, died in touched.items())
+
+
+def try_finish(
+    store: Any,
+    batch_id: str,
+    now: int,
+    check_fail_fast: bool = False,
+    before_finish: Callable[[], None] | None = None,
+) -> bool:
+    """Finish a sealed batch whose members have all ended, and enqueue its callbacks, in one
+    transaction won by one writer; False if it is not sealed, something is outstanding, or
+    another writer finished it. ``check_fail_fast``: a member died, so a fail_fast batch cancels
+    the rest first. ``before_finish`` runs between the probes and the compare-and-set (tests
+    force two writers to interleave there)."""
+    with store.cursor() as c:
+        c.execute("SELECT state, generation, fail_fast, callbacks FROM rws_batches WHERE id = %s", [batch_id])
+        row = c.fetchone()
+    if row is None or row[0] != "sealed":
+        return False
+    _, generation, fail_fast, callbacks = row
+    if fail_fast and check_fail_fast and _any_died(store, batch_id):
+        cancel_outstanding(store, batch_id, now, FAIL_FAST_MESSAGE)
+    with store.cursor() as c:
+        c.execute(
+            "SELECT 1 FROM rws_batch_members WHERE batch_id = %s AND outcome IS NULL LIMIT 1", [batch_id]
+        )
+        if c.fetchone() is not None:
+            return False
+        c.execute(
+            "SELECT 1 FROM rws_batch_members WHERE batch_id = %s AND outcome IS NOT NULL LIMIT 1", [batch_id]
+        )
+        outcome = "failed" if c.fetchone() is not None else "succeeded"
+    if before_finish is not None:
+        before_finish()
+    events = ["finish", "success" if outcome == "succeeded" else "failure"]
+    rows = callback_rows(json.loads(callbacks or "{}"), events, batch_id, now)
+    with store.writes, store.atomic(), store.cursor() as c:
+        c.execute(
+            "UPDATE rws_batches SET state = 'finished', outcome = %s, finished_at = %s "
+            "WHERE id = %s AND state = 'sealed' AND generation = %s",
+            [outcome, now, batch_id, generation],
+        )
+        if c.rowcount != 1:
+            return False
+        for params in rows:
+            c.execute(INSERT_SQL, params)
+    logger.info("batch %s finished: %s; %d callback(s) enqueued", batch_id, outcome, len(rows))
+    keys = [params[ROW_KEY] for params in rows if params[ROW_KEY] is not None]
+    if keys:
+        promote(store, keys, now)
+    return True
+
+
+def _any_died(store: Any, batch_id: str) -> bool:
+    with store.cursor() as c:
+        c.execute(
+            "SELECT 1 FROM rws_batch_members WHERE batch_id = %s AND outcome = 'failed' LIMIT 1", [batch_id]
+        )
+        return c.fetchone() is not None
+
+
+def callback_rows(
+    callbacks: dict[str, list[list[Any]]], events: list[str], batch_id: str, now: int
+) -> list[list[Any]]:
+    """The INSERT parameters of the callbacks of ``events``: each stored row (batches.call) with
+    a new id, due as long after ``now`` as it was after its call, and its batch and event."""
+    rows = []
+    for event in events:
+        for stored in callbacks.get(event, ()):
+            params = list(stored)
+            delay = params[ROW_DUE] - params[ROW_CREATED]
+            params[ROW_ID] = ids.new_id()
+            params[ROW_CREATED] = now
+            params[ROW_DUE] = now + max(delay, 0)
+            params[ROW_BATCH] = batch_id
+            params[ROW_EVENT] = event
+            rows.append(params)
+    return rows
+
+
+def cancel_outstanding(store: Any, batch_id: str, now: int, error: str, by: str | None = None) -> int:
+    """Cancel the members of ``batch_id`` that have not ended: pending and waiting ones at once,
+    running ones asked (their workers end them cancelled). Returns how many were cancelled at
+    once; the keys whose slots they held get their next jobs promoted."""
+    outstanding = "SELECT job_id FROM rws_batch_members WHERE batch_id = %s AND outcome IS NULL"
+    with store.writes, store.atomic(), store.cursor() as c:
+        c.execute(
+            "SELECT DISTINCT concurrency_key FROM rws_jobs WHERE id IN (" + outstanding + ") "
+            "AND status = 'pending' AND concurrency_slot IS NOT NULL",
+            [batch_id],
+        )
+        keys = [row[0] for row in c.fetchall()]
+        c.execute(
+            "UPDATE rws_jobs SET status = 'cancelled', cancelled_at = %s, cancelled_by = %s, "
+            "last_error = %s, unique_hash = NULL, concurrency_slot = NULL WHERE id IN (" + outstanding + ") "
+            "AND status IN ('pending', 'waiting')",
+            [now, by, error, batch_id],
+        )
+        cancelled = c.rowcount
+        c.execute(
+            "UPDATE rws_jobs SET cancel_requested_at = %s, cancelled_by = %s, unique_hash = NULL "
+            "WHERE id IN (" + outstanding + ") AND status = 'running' AND cancel_requested_at IS NULL",
+            [now, by, batch_id],
+        )
+        c.execute(
+            "UPDATE rws_batch_members SET outcome = 'cancelled' WHERE batch_id = %s AND outcome IS NULL "
+            "AND EXISTS (SELECT 1 FROM rws_jobs j WHERE j.id = rws_batch_members.job_id "
+            "AND j.status = 'cancelled')",
+            [batch_id],
+        )
+    if keys:
+        promote(store, keys, now)
+    if cancelled:
+        logger.warning("batch %s: %d member(s) cancelled", batch_id, cancelled)
+    return cancelled
+
+
+def reopen_members(store: Any, job_ids: Sequence[str]) -> int:
+    """Members among ``job_ids`` were put back in the queue (a retry): outstanding again, and
+    their batches sealed again one generation later, so that a finish decided before cannot be
+    written and the batch finishes again once they end. Call it in the retry's transaction."""
+    reopened = 0
+    with store.cursor() as c:
+        for part in chunks(list(job_ids)):
+            args = list(part)
+            c.execute(
+                f"UPDATE rws_batches SET generation = generation + 1, state = 'sealed', outcome = NULL, "
+                f"finished_at = NULL WHERE state IN ('sealed', 'finished') AND id IN (SELECT batch_id FROM "
+                f"rws_batch_members WHERE job_id IN ({marks(len(part))}) AND outcome IS NOT NULL)",
+                args,
+            )
+            c.execute(
+                f"UPDATE rws_batch_members SET outcome = NULL WHERE job_id IN ({marks(len(part))}) "
+                "AND outcome IS NOT NULL",
+                args,
+            )
+            reopened += c.rowcount
+    return reopened
+
+
+def sweep(store: Any, now: int, limit: int = SWEEP_LIMIT) -> int:
+    """Repair what a crash left, from the jobs' rows: members whose job ended without it being
+    written (a worker killed between its two commits, a rust-web-server worker's outcome), members
+    put back in the queue by a writer that does not know batches, and sealed batches with nothing
+    outstanding. Returns how many batches it finished."""
+    with store.cursor() as c:
+        c.execute(
+            "SELECT m.job_id, m.batch_id, j.status FROM rws_batch_members m LEFT JOIN rws_jobs j "
+            "ON j.id = m.job_id WHERE m.outcome IS NULL "
+            "AND (j.id IS NULL OR j.status IN ('failed', 'cancelled')) "
+            f"LIMIT {int(limit)}",
+        )
+        ended = c.fetchall()
+        c.execute(
+            "SELECT m.job_id FROM rws_batch_members m JOIN rws_jobs j ON j.id = m.job_id "
+            "WHERE m.outcome IS NOT NULL AND j.status IN ('pending', 'waiting', 'running') "
+            f"LIMIT {int(limit)}"
+        )
+        back = [row[0] for row in c.fetchall()]
+    if back:
+        with store.writes, store.atomic():
+            reopen_members(store, back)
+    if ended:
+        as_result = {None: "done", "failed": "dead", "cancelled": "cancelled"}
+        pairs = [(_member(job_id, batch_id), as_result[status]) for job_id, batch_id, status in ended]
+        logger.warning("batches: %d member outcome(s) found unrecorded; recorded now", len(pairs))
+        finished = settle(store, pairs, now)
+    else:
+        finished = 0
+    with store.cursor() as c:
+        c.execute(
+            "SELECT b.id FROM rws_batches b WHERE b.state = 'sealed' AND NOT EXISTS (SELECT 1 FROM "
+            "rws_batch_members m WHERE m.batch_id = b.id AND m.outcome IS NULL) "
+            f"LIMIT {int(limit)}"
+        )
+        idle = [row[0] for row in c.fetchall()]
+    return finished + sum(try_finish(store, batch_id, now, check_fail_fast=True) for batch_id in idle)
+
+
+def _member(job_id: str, batch_id: str) -> Claimed:
+    """A stand-in claim that carries what ``settle`` reads: the id and the batch."""
+    return Claimed(job_id, "", "", "", 0, 0, 0, 0, 0, None, None, None, None, batch_id, "")
+
+
+#: Batches pruned in one pass.
+PRUNE_BATCH = 100
+
+
+def prune(store: Any, now: int, retention: float) -> int:
+    """Delete up to PRUNE_BATCH batches that finished or were cancelled more than ``retention``
+    seconds ago, with what is left of their member rows (the members' job rows stay)."""
+    with store.cursor() as c:
+        c.execute(
+            "SELECT id FROM rws_batches WHERE state IN ('finished', 'cancelled') AND finished_at < %s "
+            f"ORDER BY finished_at LIMIT {PRUNE_BATCH}",
+            [now - retention],
+        )
+        old = [row[0] for row in c.fetchall()]
+    if not old:
+        return 0
+    with store.writes, store.atomic(), store.cursor() as c:
+        c.execute(f"DELETE FROM rws_batch_members WHERE batch_id IN ({marks(len(old))})", old)
+        c.execute(
+            f"DELETE FROM rws_batches WHERE id IN ({marks(len(old))}) AND state IN ('finished', 'cancelled')",
+            old,
+        )
+        return int(c.rowcount)

@@ -1,0 +1,328 @@
+"""Batches: members, the finish, callbacks once per finish, fail_fast, cancel, retry, the sweep.
+
+In-process (``tick()``) here; tests/test_batch_workers.py runs them through worker processes.
+"""
+
+import json
+import threading
+
+import pytest
+from django.db import connections, transaction
+from django.test import override_settings
+
+import django_rws_jobs as rws
+from django_rws_jobs.models import BatchMember, BatchRecord, Job
+from django_rws_jobs.queue import batch_outcomes
+from django_rws_jobs.queue.batches import BatchClosed
+from django_rws_jobs.queue.store import Store
+from tests.testapp.models import Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def drain() -> int:
+    n = 0
+    while rws.tick():
+        n += 1
+    return n
+
+
+def callbacks() -> list[dict]:
+    return [json.loads(r.payload) for r in Run.objects.filter(kind="callback").order_by("id")]
+
+
+def counts(batch_id: str) -> tuple:
+    b = rws.get_batch(batch_id)
+    return (b.state, b.outcome, b.total, b.succeeded, b.failed, b.cancelled, b.pending)
+
+
+def cb(name: str):
+    return rws.call("test.batch_callback", name)
+
+
+def test_a_batch_whose_members_succeed_fires_on_success_and_on_finish_once():
+    with rws.batch(on_success=cb("ok"), on_failure=cb("bad"), on_finish=cb("end"), description="d") as b:
+        member_ids = [b.enqueue("test.batch_member", str(i)) for i in range(3)]
+        rws.enqueue("test.batch_member", "plain")  # a plain enqueue in the block joins too
+        b.enqueue_many([("test.batch_member", "m1"), {"job_type": "test.batch_member", "payload": "m2"}])
+    assert counts(b.id) == ("sealed", None, 6, 0, 0, 0, 6)
+    assert set(Job.objects.filter(id__in=member_ids).values_list("batch_id", flat=True)) == {b.id}
+    assert drain() == 8  # six members, then two callbacks
+    assert {json.loads(r.payload)["batch"] for r in Run.objects.filter(kind="member")} == {b.id}
+    fired = callbacks()
+    assert sorted((c["payload"], c["event"]) for c in fired) == [("end", "finish"), ("ok", "success")]
+    assert all(c["batch"] == b.id and c["state"] == "finished" for c in fired)
+    assert fired[0]["counts"] == [6, 6, 0, 0, 0]
+    assert counts(b.id) == ("finished", "succeeded", 6, 6, 0, 0, 0)
+    assert BatchMember.objects.count() == 0 and Job.objects.count() == 0
+
+
+def test_members_that_run_while_the_block_is_open_cannot_finish_it():
+    with rws.batch(on_finish=cb("end")) as b:
+        b.enqueue("test.batch_member", "early")
+        assert drain() == 1  # the member ran and succeeded inside the block
+        assert counts(b.id) == ("open", None, 1, 1, 0, 0, 0)
+        assert callbacks() == []
+        b.enqueue("test.batch_member", "late")
+    assert drain() == 2  # the late member, then the callback
+    assert [c["payload"] for c in callbacks()] == ["end"]
+
+
+def test_an_empty_batch_finishes_when_its_block_ends():
+    with rws.batch(on_success=cb("ok")) as b:
+        pass
+    assert counts(b.id) == ("finished", "succeeded", 0, 0, 0, 0, 0)
+    assert drain() == 1 and [c["event"] for c in callbacks()] == ["success"]
+
+
+def test_a_dead_member_fires_on_failure_and_retry_failed_then_fires_on_success_once():
+    with rws.batch(on_success=cb("ok"), on_failure=cb("bad")) as b:
+        b.enqueue("test.batch_member", "fine")
+        dead = b.enqueue("test.batch_member", "fail", max_retries=0)
+    drain()
+    assert counts(b.id) == ("finished", "failed", 2, 1, 1, 0, 0)
+    assert [c["payload"] for c in callbacks()] == ["bad"]
+    assert [j.id for j in rws.get_batch(b.id).failed_jobs()] == [dead]
+    Job.objects.filter(id=dead).update(payload="fixed")  # the bug is fixed; retry the dead
+    assert rws.get_batch(b.id).retry_failed() == 1
+    assert counts(b.id) == ("sealed", None, 2, 1, 0, 0, 1)
+    drain()
+    assert [c["payload"] for c in callbacks()] == ["bad", "ok"]
+    assert counts(b.id) == ("finished", "succeeded", 2, 2, 0, 0, 0)
+    assert BatchRecord.objects.get(id=b.id).generation == 1
+
+
+def test_retrying_one_dead_member_reopens_its_batch():
+    with rws.batch(on_success=cb("ok"), on_failure=cb("bad")) as b:
+        dead = b.enqueue("test.batch_member", "fail", max_retries=0)
+    drain()
+    Job.objects.filter(id=dead).update(payload="fixed")
+    assert rws.retry(dead)
+    assert counts(b.id)[:2] == ("sealed", None)
+    drain()
+    assert [c["payload"] for c in callbacks()] == ["bad", "ok"]
+
+
+def test_an_exception_in_the_block_cancels_the_batch_and_its_members():
+    with pytest.raises(ZeroDivisionError):
+        with rws.batch(on_finish=cb("end"), on_failure=cb("bad")) as b:
+            member = b.enqueue("test.batch_member", "1")
+            raise ZeroDivisionError("in the block")
+    assert counts(b.id) == ("cancelled", None, 1, 0, 0, 1, 0)
+    assert Job.objects.get(id=member).status == "cancelled"
+    assert drain() == 0 and callbacks() == []
+    with pytest.raises(BatchClosed, match="inside its with block"):
+        b.enqueue("test.batch_member", "after")
+
+
+def test_a_batch_inside_a_transaction_commits_and_rolls_back_with_it():
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            with rws.batch(on_finish=cb("end")) as b:
+                b.enqueue("test.batch_member", "1")
+            raise RuntimeError("the caller rolls back")
+    assert rws.get_batch(b.id) is None and Job.objects.count() == 0 and BatchMember.objects.count() == 0
+    with transaction.atomic():
+        with rws.batch(on_finish=cb("end")) as b:
+            pass
+        assert callbacks() == [] and Job.objects.count() == 0  # the finish waits for the commit
+    assert drain() == 1 and [c["payload"] for c in callbacks()] == ["end"]
+
+
+def test_fail_fast_cancels_the_rest_when_a_member_dies():
+    with rws.batch(on_failure=cb("bad"), on_success=cb("ok"), fail_fast=True) as b:
+        b.enqueue("test.batch_member", "fail", max_retries=0, priority=10)  # runs first
+        rest = [b.enqueue("test.batch_member", str(i)) for i in range(5)]
+    drain()
+    assert counts(b.id) == ("finished", "failed", 6, 0, 1, 5, 0)
+    assert set(Job.objects.filter(id__in=rest).values_list("status", flat=True)) == {"cancelled"}
+    assert [c["payload"] for c in callbacks()] == ["bad"]
+    assert Run.objects.filter(kind="member").count() == 1
+
+
+def test_cancel_stops_a_sealed_batch_and_fires_nothing():
+    with rws.batch(on_finish=cb("end")) as b:
+        b.enqueue("test.batch_member", "1")
+        b.enqueue("test.batch_member", "2")
+    assert rws.get_batch(b.id).cancel(by="ops")
+    assert not rws.get_batch(b.id).cancel()  # once
+    assert counts(b.id) == ("cancelled", None, 2, 0, 0, 2, 0)
+    assert drain() == 0 and callbacks() == []
+    assert set(Job.objects.values_list("cancelled_by", flat=True)) == {"ops"}
+
+
+def test_cancelling_one_member_counts_it_and_fails_the_batch():
+    with rws.batch(on_failure=cb("bad"), on_success=cb("ok")) as b:
+        one = b.enqueue("test.batch_member", "1")
+        b.enqueue("test.batch_member", "2")
+    assert rws.cancel(one)
+    drain()
+    assert counts(b.id) == ("finished", "failed", 2, 1, 0, 1, 0)
+    assert [c["payload"] for c in callbacks()] == ["bad"]
+
+
+def test_callbacks_keep_their_options_and_a_task_can_be_one():
+    from tests.testapp.tasks import whoami
+
+    with rws.batch(
+        on_finish=[
+            rws.call("test.batch_callback", "slow", queue="reports", priority=3, run_in=3600),
+            rws.call(whoami),
+        ]
+    ) as b:
+        pass
+    fired = Job.objects.filter(batch_id=b.id).order_by("job_type")
+    assert [(j.job_type.split(":")[0], j.batch_event) for j in fired] == [
+        ("django.tasks", "finish"),
+        ("test.batch_callback", "finish"),
+    ]
+    slow = fired.get(job_type="test.batch_callback")
+    assert (slow.queue, slow.priority, slow.payload) == ("reports", 3, "slow")
+    assert 3600 <= slow.next_run_at - slow.created_at <= 3601  # (due times round up to the second)
+
+
+def test_enqueue_many_in_a_batch_numbers_its_items_across_chunks_and_stores_the_chunks_before():
+    with pytest.raises(TypeError, match=r"job #5: "):
+        with rws.batch() as b:
+            b.enqueue_many(iter([("test.batch_member", str(i)) for i in range(5)] + [42]), batch_size=2)
+    # The chunks before the bad item committed and were cancelled with the batch.
+    assert counts(b.id) == ("cancelled", None, 4, 0, 0, 4, 0)
+
+
+def test_a_unique_job_already_live_is_not_made_a_member():
+    held = rws.enqueue("test.batch_member", "u", unique="k")
+    with rws.batch() as b:
+        assert b.enqueue("test.batch_member", "u", unique="k") == held
+        ids = rws.enqueue_many([{"job_type": "test.batch_member", "unique": "k"}, "test.batch_member"])
+    assert ids[0] == held
+    assert counts(b.id)[2] == 1
+    assert Job.objects.get(id=held).batch_id is None
+
+
+@pytest.mark.parametrize(
+    "make, error",
+    [
+        (lambda: rws.call(""), "job_type must not be empty"),
+        (lambda: rws.call(42), "call() takes a job_type"),
+        (lambda: rws.call("t", "a", "b"), "takes one payload"),
+        (lambda: rws.call("t", unique="k"), "takes no 'unique'"),
+        (lambda: rws.call("t", colour="red"), "colour"),
+        (lambda: rws.batch(on_success="reports.build"), "on_success must be a call"),
+        (lambda: rws.batch(on_finish=[]), "on_finish must be a call"),
+        (lambda: rws.batch(metadata=["a"]), "metadata must be a dict"),
+        (lambda: rws.batch(metadata={"a": object()}), "metadata must be JSON"),
+        (lambda: rws.batch(metadata={"a": "x" * 70000}), "the limit is 65536"),
+        (lambda: rws.batch(fail_fast="yes"), "fail_fast must be True or False"),
+    ],
+)
+def test_bad_input_is_a_clear_error_and_stores_nothing(make, error):
+    with pytest.raises((TypeError, ValueError)) as caught:
+        make()
+    assert error in str(caught.value)
+    assert BatchRecord.objects.count() == 0 and Job.objects.count() == 0
+
+
+def test_batches_do_not_nest():
+    with rws.batch() as outer:
+        with pytest.raises(RuntimeError, match="do not nest"):
+            with rws.batch():
+                pass
+    assert counts(outer.id)[0] == "finished"
+
+
+@pytest.mark.skipif("other" not in connections.settings, reason="needs a second database")
+def test_a_job_for_another_database_inside_a_batch_is_refused():
+    with rws.batch() as b:
+        with pytest.raises(ValueError, match="a batch's members are on its own database"):
+            rws.enqueue("test.batch_member", "x", using="other")
+    assert counts(b.id)[2] == 0
+
+
+def test_two_writers_that_both_see_nothing_outstanding_finish_once():
+    """The interleaving the finish must survive: the last two members end at once, both writers
+    probe (nothing outstanding) before either writes; one compare-and-set wins."""
+    with rws.batch(on_finish=cb("end"), on_success=cb("ok")) as b:
+        b.enqueue("test.batch_member", "1")
+        b.enqueue("test.batch_member", "2")
+    BatchMember.objects.filter(batch_id=b.id).delete()  # both members' outcomes committed
+    Job.objects.filter(batch_id=b.id).delete()
+    both_probed = threading.Barrier(2, timeout=30)
+    won: list[bool] = []
+
+    def finish() -> None:
+        try:
+            won.append(
+                batch_outcomes.try_finish(
+                    Store(connections["default"]), b.id, 0, before_finish=both_probed.wait
+                )
+            )
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=finish) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(won) == [False, True]
+    assert Job.objects.filter(batch_id=b.id).count() == 2  # on_finish and on_success, once each
+
+
+def test_the_sweep_finishes_what_a_crash_left():
+    """A worker killed between a member's outcome and its member row leaves the member
+    outstanding; the sweep reads the job rows and finishes the batch once."""
+    with rws.batch(on_finish=cb("end"), on_failure=cb("bad")) as b:
+        ok = b.enqueue("test.batch_member", "ok")
+        dead = b.enqueue("test.batch_member", "dead")
+    Job.objects.filter(id=ok).delete()  # it succeeded; its member row was not written
+    Job.objects.filter(id=dead).update(status="failed")  # it died; likewise
+    store = Store(connections["default"])
+    assert batch_outcomes.sweep(store, 100) == 1
+    assert batch_outcomes.sweep(store, 100) == 0
+    assert counts(b.id) == ("finished", "failed", 2, 1, 1, 0, 0)
+    assert sorted(
+        Job.objects.filter(batch_id=b.id, batch_event__isnull=False).values_list("batch_event", flat=True)
+    ) == [
+        "failure",
+        "finish",
+    ]
+
+
+def test_settling_twice_changes_nothing():
+    with rws.batch(on_finish=cb("end")) as b:
+        b.enqueue("test.batch_member", "1")
+        b.enqueue("test.batch_member", "2")
+    drain()
+    store = Store(connections["default"])
+    member = batch_outcomes._member("no-such-job", b.id)
+    assert batch_outcomes.settle(store, [(member, "done"), (member, "dead")], 0) == 0
+    assert counts(b.id) == ("finished", "succeeded", 2, 2, 0, 0, 0)
+    assert len(callbacks()) == 1
+
+
+def test_finished_batches_are_pruned_after_their_retention():
+    with rws.batch() as b:
+        b.enqueue("test.batch_member", "fail", max_retries=0)
+    drain()
+    store = Store(connections["default"])
+    finished_at = BatchRecord.objects.get(id=b.id).finished_at
+    assert batch_outcomes.prune(store, finished_at + 10, 60) == 0
+    assert batch_outcomes.prune(store, finished_at + 61, 60) == 1
+    assert rws.get_batch(b.id) is None and BatchMember.objects.count() == 0
+    assert Job.objects.filter(status="failed").count() == 1  # the dead member stays in the list
+
+
+def test_current_job_outside_a_batch_has_no_batch():
+    rws.enqueue("test.whoami", "x")
+    drain()
+    assert rws.current_job() is None
+
+
+@override_settings(RWS_JOBS={"METADATA_MAX_BYTES": 10})
+def test_metadata_is_kept_within_its_setting():
+    with pytest.raises(ValueError, match="the limit is 10"):
+        rws.batch(metadata={"key": "a longer value"})
+    with rws.batch(metadata={"k": 1}, description="import 7") as b:
+        pass
+    got = rws.get_batch(b.id)
+    assert (got.metadata, got.description) == ({"k": 1}, "import 7")
