@@ -17,15 +17,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="also run the tests marked slow (scripts/test and CI pass it)",
     )
+    parser.addoption(
+        "--slow-modules",
+        default=None,
+        help="with --all, run the slow tests of these test files only (comma-separated names, "
+        "e.g. test_worker.py,test_migrations.py): scripts/test's cells for the older Django",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A plain ``pytest`` is the fast lane: when pytest picks the tests itself (no paths given), the
     tests marked slow are left out unless ``--all`` or a ``-m`` expression asks for them. Naming a
     file or a test runs it whole."""
-    if not _fast_lane(config):
+    only = config.getoption("--slow-modules")
+    if _fast_lane(config):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+    elif only:
+        keep = set(only.split(","))
+        slow = [item for item in items if item.get_closest_marker("slow") and item.path.name not in keep]
+    else:
         return
-    slow = [item for item in items if item.get_closest_marker("slow")]
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]

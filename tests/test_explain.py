@@ -14,6 +14,16 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 FUTURE_ROWS = int(os.environ.get("RWS_EXPLAIN_ROWS", "1000000"))
 
 
+@pytest.fixture(autouse=True)
+def emptied_fast():
+    """After each test, TRUNCATE the million rows: the flush that ends a transactional test
+    deletes them row by row on MariaDB/MySQL (Django's flush uses DELETE there), 15 s a test."""
+    yield
+    if connection.vendor == "mysql":
+        with connection.cursor() as c:
+            c.execute("TRUNCATE TABLE rws_jobs")
+
+
 def ops():
     """The statements of the test database's backend, as the worker builds them."""
     return backend_for(connection)

@@ -329,6 +329,7 @@ def batch_callback(payload: str) -> None:
         json.dumps(
             {
                 "payload": payload,
+                "job": ctx.id,
                 "batch": ctx.batch_id,
                 "event": ctx.batch_event,
                 "state": b.state,

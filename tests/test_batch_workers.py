@@ -1,0 +1,93 @@
+"""Batches through real worker processes: callbacks once per finish while workers are killed, and
+a batch of 100,000 members built from a generator in bounded memory."""
+
+import json
+import random
+import signal
+import time
+from collections import defaultdict
+
+import pytest
+
+import django_rws_jobs as rws
+from django_rws_jobs.models import BatchMember, BatchRecord, Job
+from tests.conftest import run_python
+from tests.test_worker import wait_for, workers  # noqa: F401  (the fixture)
+from tests.testapp.models import Run
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+FAST = {"LEASE_SECONDS": 2, "RECOVERY_INTERVAL": 0.5, "BACKOFF_INITIAL": 0.1}
+
+
+def fired() -> dict:
+    """(batch, event) -> the ids of the callback jobs that ran for it."""
+    seen = defaultdict(set)
+    for r in Run.objects.filter(kind="callback"):
+        c = json.loads(r.payload)
+        seen[(c["batch"], c["event"])].add(c["job"])
+    return seen
+
+
+def test_callbacks_fire_once_per_batch_while_workers_are_killed(workers):  # noqa: F811
+    """10 batches of 60 members on 3 worker processes, one of them killed with SIGKILL every
+    second for 12 s (and started again): each batch's two callbacks are enqueued once, and a
+    lease later no second one has appeared."""
+    batches = []
+    for _ in range(10):
+        with rws.batch(
+            on_success=rws.call("test.batch_callback", "ok"), on_finish=rws.call("test.batch_callback", "end")
+        ) as batch:
+            batch.enqueue_many([("test.sleep", "0.2") for _ in range(60)])  # 10 s of work on 12 threads
+        batches.append(batch.id)
+    live = [workers("--workers", "4", jobs=FAST) for _ in range(3)]
+    rng = random.Random(7)
+    for _ in range(12):
+        time.sleep(1)
+        victim = live.pop(rng.randrange(len(live)))
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        live.append(workers("--workers", "4", jobs=FAST))
+    wait_for(
+        lambda: BatchRecord.objects.filter(state="finished").count() == 10 and len(fired()) == 20,
+        timeout=120,
+        what="every batch to finish and its callbacks to run",
+    )
+    time.sleep(FAST["LEASE_SECONDS"] + 2)  # a lease more: recovery and sweeps have had their turn
+    seen = fired()
+    assert sorted(seen) == sorted((b, e) for b in batches for e in ("success", "finish"))
+    assert all(len(job_ids) == 1 for job_ids in seen.values()), seen
+    assert Job.objects.filter(batch_event__isnull=False).count() == 0  # each ran, none is left
+    assert set(BatchRecord.objects.values_list("outcome", flat=True)) == {"succeeded"}
+    assert BatchMember.objects.count() == 0
+    assert Run.objects.filter(kind="start").count() > 600  # the kills hit members in flight: re-runs
+    for w in live:
+        w.signal(signal.SIGTERM)
+        assert w.wait(30) == 0, w.output()[-3000:]
+
+
+def test_a_batch_of_100000_members_from_a_generator_stays_in_bounded_memory():
+    """The enqueuing process's Python allocations peak under 64 MiB while 100,000 members go in
+    from a generator, and the batch counts them all; a member that ran while the block was open
+    did not finish it."""
+    child = run_python(
+        """
+import json, tracemalloc
+import django_rws_jobs as rws
+tracemalloc.start()
+with rws.batch(on_finish=rws.call("test.batch_callback", "end")) as b:
+    b.enqueue_many(("test.batch_member", str(i)) for i in range(100_000))
+    rws.tick()  # one member runs while the block is open
+    state = rws.get_batch(b.id).state
+current, peak = tracemalloc.get_traced_memory()
+print(json.dumps({"id": b.id, "peak": peak, "state": state}))
+""",
+        timeout=600,
+    )
+    out, _ = child.communicate(timeout=600)
+    assert child.returncode == 0, out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["state"] == "open"
+    assert result["peak"] < 64 * 2**20, f"peak {result['peak'] / 2**20:.1f} MiB"
+    got = rws.get_batch(result["id"])
+    assert (got.state, got.total, got.succeeded, got.pending) == ("sealed", 100_000, 1, 99_999)
