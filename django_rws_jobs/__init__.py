@@ -59,6 +59,8 @@ def enqueue(
     max_retries: int | None = None,
     timeout: float | None = None,
     concurrency_key: str | None = None,
+    after: list[Any] | None = None,
+    on_dependency_failure: str = "cancel",
     using: str | None = None,
 ) -> str:
     """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
@@ -66,7 +68,8 @@ def enqueue(
     With ``unique=key``, while a job of this type and key is pending or running nothing is
     inserted and that job's id is returned. ``timeout``: this job's time limit in seconds. With
     ``concurrency_key``, at most the type's ``concurrency_limit`` (1 unless set) jobs with that
-    key run at once, across every worker.
+    key run at once, across every worker. With ``after=[job ids and batches]``, the job waits
+    (blocked) until each has succeeded; ``on_dependency_failure``: "cancel", "run" or "wait".
     """
     from .queue.api import enqueue as _enqueue
 
@@ -81,6 +84,8 @@ def enqueue(
         max_retries=max_retries,
         timeout=timeout,
         concurrency_key=concurrency_key,
+        after=after,
+        on_dependency_failure=on_dependency_failure,
         using=using,
     )
 

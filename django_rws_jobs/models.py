@@ -33,6 +33,9 @@ class Status(models.TextChoices):
     ``waiting``: a job with a concurrency key, in every place where one without a key would be
     pending; left only for pending, by the promotion that gives it one of its key's slots
     (concurrency_keys.py).
+    ``blocked``: enqueued with ``after=``, until what it waits for has succeeded; left for pending
+    (or waiting) or cancelled by the resolution of its dependencies (dependencies.py). No claim
+    reads it.
     """
 
     PENDING = "pending", _("pending")
@@ -40,6 +43,7 @@ class Status(models.TextChoices):
     FAILED = "failed", _("failed")
     WAITING = "waiting", _("waiting")
     CANCELLED = "cancelled", _("cancelled")
+    BLOCKED = "blocked", _("blocked")
 
 
 #: The order in which jobs are claimed, as ``order_by`` takes it: highest priority first, then the
@@ -129,6 +133,9 @@ class Job(models.Model):
     # is the rws_batch_members row, which outlives the job's row.
     batch_id = models.CharField(max_length=64, null=True, blank=True)
     batch_event = models.CharField(max_length=16, null=True, blank=True)
+    # Set once a job enqueued with after= waits for this one (dependencies.py): the worker that
+    # ends it resolves its dependents at once; the claim and the deletion return it.
+    has_dependents = models.BooleanField(null=True, blank=True, editable=False)
 
     objects = JobQuerySet.as_manager()
 
@@ -272,6 +279,29 @@ class BatchMember(models.Model):
         indexes = [
             # "Is any member outstanding?" and the counts: a range of one batch's rows.
             models.Index(fields=["batch_id", "outcome"], name="rws_batch_members_idx"),
+        ]
+
+
+class Dependency(models.Model):
+    """One row of ``rws_job_dependencies``: job ``job_id`` waits for ``depends_on`` (a job, or a
+    batch when ``on_batch``). ``outcome`` is NULL until that ends, then succeeded or failed;
+    ``policy`` says what a failure does to the waiting job: cancel, run or wait."""
+
+    pk = models.CompositePrimaryKey("job_id", "depends_on")
+    job_id = models.CharField(max_length=64)
+    depends_on = models.CharField(max_length=64)
+    on_batch = models.BooleanField(db_default=False, default=False)
+    policy = models.CharField(max_length=8, db_default="cancel", default="cancel")
+    outcome = models.CharField(max_length=16, null=True, blank=True)
+
+    class Meta:
+        db_table = "rws_job_dependencies"
+        verbose_name = _("dependency")
+        verbose_name_plural = _("dependencies")
+        default_permissions = ()
+        indexes = [
+            # What waits for a job or batch that just ended.
+            models.Index(fields=["depends_on"], name="rws_job_dependencies_on_idx"),
         ]
 
 

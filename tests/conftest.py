@@ -128,6 +128,16 @@ def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float =
     )
 
 
+def drain() -> int:
+    """Run due jobs in this process (``tick()``) until none is left; how many ran."""
+    import django_rws_jobs as rws
+
+    n = 0
+    while rws.tick():
+        n += 1
+    return n
+
+
 @pytest.fixture
 def runs():
     """Rows written by the test handlers, as (kind, payload) tuples in order."""

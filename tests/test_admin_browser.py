@@ -118,7 +118,7 @@ def some_activity() -> None:
 
     now = int(time.time())
     job = Claimed(
-        "id", "shop.send_receipt", "", "mailers", 0, 0, 3, now, now, None, None, None, None, None, "t"
+        "id", "shop.send_receipt", "", "mailers", 0, 0, 3, now, now, None, None, None, None, None, None, "t"
     )
     counters = metrics.Counters()
     for minutes_ago in range(0, 24 * 60, 3):

@@ -11,20 +11,15 @@ from django.db import connections, transaction
 from django.test import override_settings
 
 import django_rws_jobs as rws
+from django_rws_jobs.database.backends.claimed import Claimed
 from django_rws_jobs.models import BatchMember, BatchRecord, Job
 from django_rws_jobs.queue import batch_outcomes
 from django_rws_jobs.queue.batches import BatchClosed
 from django_rws_jobs.queue.store import Store
+from tests.conftest import drain
 from tests.testapp.models import Run
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def drain() -> int:
-    n = 0
-    while rws.tick():
-        n += 1
-    return n
 
 
 def callbacks() -> list[dict]:
@@ -294,7 +289,7 @@ def test_settling_twice_changes_nothing():
         b.enqueue("test.batch_member", "2")
     drain()
     store = Store(connections["default"])
-    member = batch_outcomes._member("no-such-job", b.id)
+    member = Claimed.stand_in("no-such-job", b.id)
     assert batch_outcomes.settle(store, [(member, "done"), (member, "dead")], 0) == 0
     assert counts(b.id) == ("finished", "succeeded", 2, 2, 0, 0, 0)
     assert len(callbacks()) == 1

@@ -21,7 +21,9 @@ FAST = {"BACKOFF_INITIAL": 0.1, "TIMEOUT_GRACE": 1, "POLL_INTERVAL": 0.1}
 
 
 def claimed(job_type: str, timeout: float | None = None) -> Claimed:
-    return Claimed("id", job_type, "", "default", 0, 0, 3, 0, 0, None, timeout, None, None, None, "token")
+    return Claimed(
+        "id", job_type, "", "default", 0, 0, 3, 0, 0, None, timeout, None, None, None, None, "token"
+    )
 
 
 def test_a_jobs_limit_is_its_own_then_its_types_then_the_setting(settings):
@@ -227,6 +229,7 @@ def test_limits_shorter_than_the_watchdogs_own_steps_keep_the_books():
                 0,
                 0,
                 0,
+                None,
                 None,
                 None,
                 None,

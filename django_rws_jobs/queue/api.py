@@ -33,7 +33,7 @@ from ..database.validation import only_known as _only_known
 from ..database.validation import text as _text
 from ..database.validation import timeout as _timeout
 from ..models import Job, Status
-from . import ids
+from . import dependencies, ids
 from .members import join, open_batch
 from .registry import registry
 
@@ -51,6 +51,8 @@ ITEM_KEYS = (
     "max_retries",
     "timeout",
     "concurrency_key",
+    "after",
+    "on_dependency_failure",
 )
 
 
@@ -132,6 +134,8 @@ def enqueue(
     max_retries: int | None = None,
     timeout: float | None = None,
     concurrency_key: str | None = None,
+    after: list[Any] | None = None,
+    on_dependency_failure: str = "cancel",
     using: str | None = None,
 ) -> str:
     """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
@@ -141,8 +145,12 @@ def enqueue(
     ``timeout`` (seconds) is this job's time limit; None leaves it to its type's, or the setting's.
     With ``concurrency_key``, at most its type's ``concurrency_limit`` (1 unless set) jobs with
     that key run at once, across every worker; the others wait, uncharged.
+    With ``after=[job ids and batches]`` the job is stored blocked and runs once each of them has
+    succeeded; ``on_dependency_failure`` says what a failure of one does: "cancel" this job (and
+    what waits on it), "run" it anyway, or "wait" until the failed one is retried and succeeds.
     """
     alias = queue_alias(using)
+    deps = _dependencies(after, on_dependency_failure)
     params = prepare(
         job_type,
         payload,
@@ -156,25 +164,43 @@ def enqueue(
         concurrency_key=concurrency_key,
         now=clock.now(alias),
     )
-    return insert_prepared(alias, params)
+    return insert_prepared(alias, params, deps)
 
 
-def insert_prepared(alias: str, params: list[Any]) -> str:
+def _dependencies(after: Any, policy: Any) -> tuple[list[tuple[str, bool]], str] | None:
+    """``after`` and ``on_dependency_failure`` checked: (what the job waits for, the policy)."""
+    if after is None:
+        if policy != "cancel":
+            dependencies.policy(policy)  # an unknown one is named first
+            raise TypeError(f"on_dependency_failure={policy!r} needs after=[...]")
+        return None
+    return dependencies.targets(after, policy), policy
+
+
+def insert_prepared(
+    alias: str, params: list[Any], deps: tuple[list[tuple[str, bool]], str] | None = None
+) -> str:
     """Insert one job that ``prepare`` made, in the caller's transaction; return its id (or, for
-    a unique job, the id of the live job holding its key). Wakes this process's workers at commit."""
+    a unique job, the id of the live job holding its key). Wakes this process's workers at commit.
+    ``deps``: what it waits for and the policy (dependencies.py); it is stored blocked."""
     backend_for(connections[alias]).check_insert_size(params, "the job")
     member_of = _open_batch(alias)
-    if member_of is not None:
-        # The job, its member row and the batch's total in one transaction (batches.join).
+    if deps is not None:
+        params[10] = "blocked"
+    if member_of is not None or deps is not None:
+        # The job, its member row, the batch's total and its dependencies in one transaction.
         params[13] = member_of
         with transaction.atomic(using=alias):
             job_id = _insert_one(alias, params)
-            if job_id == params[0]:  # a unique job already live is not made a member
-                join(connections[alias], member_of, [job_id])
+            if job_id == params[0]:  # a unique job already live is neither a member nor blocked
+                if member_of is not None:
+                    join(connections[alias], member_of, [job_id])
+                if deps is not None:
+                    params[10] = dependencies.add(connections[alias], job_id, *deps)
     else:
         job_id = _insert_one(alias, params)
-    if params[11] is not None and params[4] <= params[5]:  # a due job with a concurrency key
-        _promote_at_commit(alias, params[11])
+    if params[11] is not None and params[4] <= params[5] and params[10] != "blocked":
+        _promote_at_commit(alias, params[11])  # a due job with a concurrency key
     _wake_local_workers(alias)
     return job_id
 
@@ -266,14 +292,19 @@ def enqueue_items(jobs: Iterable[Any], alias: str, batch_size: int, first: int =
     rows: list[list[Any]] = []
     now = clock.now(alias)
 
+    waits: dict[int, tuple[list[tuple[str, bool]], str]] = {}  # row index: what it waits for
+
     def plain() -> Iterator[list[Any]]:
         """Validate the items one by one; yield the rows without a unique key."""
         for index, item in enumerate(jobs, first):
             try:
-                row = _item_params(item, now)
+                row, deps = _item_params(item, now)
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"job #{index}: {exc}") from None
             row[13] = member_of
+            if deps is not None:
+                row[10] = "blocked"
+                waits[len(rows)] = deps
             rows.append(row)
             if row[-1] is None:
                 yield row
@@ -294,24 +325,30 @@ def enqueue_items(jobs: Iterable[Any], alias: str, batch_size: int, first: int =
         ]
         if member_of is not None:  # a unique job already live is not made a member
             join(conn, member_of, [i for i, r in zip(ids, rows, strict=True) if i == r[0]])
+        for index, deps in waits.items():
+            if ids[index] == rows[index][0]:
+                dependencies.add(conn, ids[index], *deps)
         _wake_local_workers(alias)
     return ids
 
 
-def _item_params(item: Any, now: float) -> list[Any]:
-    """One enqueue_many item's INSERT parameters: only enqueue's options, by name or as a
-    (job_type, payload) pair. (tests/test_input.py::test_enqueue_many_items_take_only_enqueues_options)"""
+def _item_params(item: Any, now: float) -> tuple[list[Any], tuple[list[tuple[str, bool]], str] | None]:
+    """One enqueue_many item's INSERT parameters, and what it waits for: only enqueue's options,
+    by name or as a (job_type, payload) pair.
+    (tests/test_input.py::test_enqueue_many_items_take_only_enqueues_options)"""
     if isinstance(item, str):
-        return prepare(item, now=now)
+        return prepare(item, now=now), None
     if isinstance(item, dict) and "task" in item:
-        return _task_params(item)
+        return _task_params(item), None
     if isinstance(item, dict):
         _only_known("key", item, ITEM_KEYS)
         if "job_type" not in item:
             raise TypeError("a dict needs a 'job_type'")
-        return prepare(**item, now=now)
+        options = dict(item)
+        deps = _dependencies(options.pop("after", None), options.pop("on_dependency_failure", "cancel"))
+        return prepare(**options, now=now), deps
     if isinstance(item, (tuple, list)) and 1 <= len(item) <= 2:
-        return prepare(*item, now=now)
+        return prepare(*item, now=now), None
     raise TypeError(f"a job must be a job_type, a (job_type, payload) pair or a dict, got {show(item)}")
 
 

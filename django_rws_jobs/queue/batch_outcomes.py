@@ -26,7 +26,7 @@ from typing import Any
 from ..database.backends.claimed import Claimed
 from ..database.backends.inserts import INSERT_SQL
 from ..flow.concurrency_keys import promote
-from . import ids
+from . import dependencies, ids
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -53,6 +53,8 @@ def settle(store: Any, ended: Iterable[tuple[Claimed, str]], now: int) -> int:
     """Write what became of the members among ``ended`` (a job with what ``record`` returned:
     "done", "dead", "cancelled"; others change nothing), then finish their batches where nothing
     is left. Returns how many batches finished. Jobs outside batches cost nothing here."""
+    ended = list(ended)
+    _settle_dependents(store, ended)
     done: list[str] = []
     ended_as: dict[str, list[str]] = {"failed": [], "cancelled": []}
     touched: dict[str, bool] = {}  # batch id: whether a member of it died (for fail_fast)
@@ -79,6 +81,18 @@ def settle(store: Any, ended: Iterable[tuple[Claimed, str]], now: int) -> int:
                     [outcome, *part],
                 )
     return sum(try_finish(store, batch_id, now, died) for batch_id, died in touched.items())
+
+
+def _settle_dependents(store: Any, ended: list[tuple[Claimed, str]]) -> None:
+    """What waits for the jobs among ``ended`` (dependencies.py): a success resolves the
+    dependents of a job that has any (its flag, as the claim or the deletion read it); a death
+    or a cancel is looked up whatever the flag says (rare, and the flag may be older)."""
+    succeeded = [job.id for job, result in ended if result == "done" and job.has_dependents]
+    failed = [job.id for job, result in ended if result in ("dead", "cancelled")]
+    if succeeded:
+        dependencies.ended(store, succeeded, "succeeded")
+    if failed:
+        dependencies.ended(store, failed, "failed")
 
 
 def try_finish(
@@ -126,6 +140,7 @@ def try_finish(
         for params in rows:
             c.execute(INSERT_SQL, params)
     logger.info("batch %s finished: %s; %d callback(s) enqueued", batch_id, outcome, len(rows))
+    dependencies.ended(store, [batch_id], outcome)
     keys = [params[ROW_KEY] for params in rows if params[ROW_KEY] is not None]
     if keys:
         promote(store, keys, now)
@@ -205,11 +220,19 @@ def reopen_members(store: Any, job_ids: Sequence[str]) -> int:
         for part in chunks(list(job_ids)):
             args = list(part)
             c.execute(
-                f"UPDATE rws_batches SET generation = generation + 1, state = 'sealed', outcome = NULL, "
-                f"finished_at = NULL WHERE state IN ('sealed', 'finished') AND id IN (SELECT batch_id FROM "
-                f"rws_batch_members WHERE job_id IN ({marks(len(part))}) AND outcome IS NOT NULL)",
+                f"SELECT DISTINCT batch_id FROM rws_batch_members WHERE job_id IN ({marks(len(part))}) "
+                "AND outcome IS NOT NULL",
                 args,
             )
+            batch_ids = [row[0] for row in c.fetchall()]
+            if batch_ids:
+                c.execute(
+                    "UPDATE rws_batches SET generation = generation + 1, state = 'sealed', outcome = NULL, "
+                    "finished_at = NULL WHERE state IN ('sealed', 'finished') "
+                    f"AND id IN ({marks(len(batch_ids))})",
+                    batch_ids,
+                )
+                dependencies.reopen(store, batch_ids)
             c.execute(
                 f"UPDATE rws_batch_members SET outcome = NULL WHERE job_id IN ({marks(len(part))}) "
                 "AND outcome IS NOT NULL",
@@ -243,7 +266,9 @@ def sweep(store: Any, now: int, limit: int = SWEEP_LIMIT) -> int:
             reopen_members(store, back)
     if ended:
         as_result = {None: "done", "failed": "dead", "cancelled": "cancelled"}
-        pairs = [(_member(job_id, batch_id), as_result[status]) for job_id, batch_id, status in ended]
+        pairs = [
+            (Claimed.stand_in(job_id, batch_id), as_result[status]) for job_id, batch_id, status in ended
+        ]
         logger.warning("batches: %d member outcome(s) found unrecorded; recorded now", len(pairs))
         finished = settle(store, pairs, now)
     else:
@@ -256,11 +281,6 @@ def sweep(store: Any, now: int, limit: int = SWEEP_LIMIT) -> int:
         )
         idle = [row[0] for row in c.fetchall()]
     return finished + sum(try_finish(store, batch_id, now, check_fail_fast=True) for batch_id in idle)
-
-
-def _member(job_id: str, batch_id: str) -> Claimed:
-    """A stand-in claim that carries what ``settle`` reads: the id and the batch."""
-    return Claimed(job_id, "", "", "", 0, 0, 0, 0, 0, None, None, None, None, batch_id, "")
 
 
 #: Batches pruned in one pass.

@@ -31,7 +31,7 @@ from ..database.validation import show
 from ..database.validation import text as _text
 from ..exceptions import cancel_message
 from ..models import BatchMember, BatchRecord, BatchState, Job
-from . import ids
+from . import dependencies, ids
 from .batch_outcomes import cancel_outstanding, try_finish
 from .members import BatchClosed, open_batch
 
@@ -207,6 +207,8 @@ def _cancel(alias: str, batch_id: str, error: str, by: str | None = None) -> boo
         )
         if changed:
             cancel_outstanding(Store(connections[alias]), batch_id, now, error, by)
+    if changed:  # what waits for the batch: it failed
+        transaction.on_commit(lambda: dependencies.recheck_batch(alias, batch_id), using=alias)
     return bool(changed)
 
 

@@ -33,7 +33,7 @@ PRUNE_BATCH = 1000
 
 
 def cancel(job_id: str, *, by: str | None = None, using: str | None = None) -> bool:
-    """Cancel a pending, waiting or running job; False when no such job has that id.
+    """Cancel a pending, waiting, blocked or running job; False when no such job has that id.
 
     ``by`` (who asked; the admin passes the user) is kept on the row with the time. A running
     job's worker stops its handler within about a second and records it cancelled; it is never
@@ -45,11 +45,13 @@ def cancel(job_id: str, *, by: str | None = None, using: str | None = None) -> b
     now = int(clock.now(alias))
     jobs = Job.objects.using(alias).filter(id=job_id)
     with transaction.atomic(using=alias):
-        waiting = list(jobs.filter(status__in=(Status.PENDING, Status.WAITING)).select_for_update())
+        waiting = list(
+            jobs.filter(status__in=(Status.PENDING, Status.WAITING, Status.BLOCKED)).select_for_update()
+        )
         error = cancel_message(by, running=False)
         # The UPDATE keeps the status condition: a claim that took the job meanwhile (where rows
         # are not locked by the SELECT) leaves it to the running job's branch below.
-        if waiting and jobs.filter(status__in=(Status.PENDING, Status.WAITING)).update(
+        if waiting and jobs.filter(status__in=(Status.PENDING, Status.WAITING, Status.BLOCKED)).update(
             status=Status.CANCELLED,
             cancelled_at=now,
             cancelled_by=by,
@@ -93,28 +95,29 @@ def _after_cancel(job: Job, freed_key: str | None, alias: str) -> None:
                 job.job_type,
                 freed_key,
             )
-    if job.batch_id is not None:
-        _settle_member(job, alias)
+    _settle(job, alias)
     send_cancelled(job)
 
 
-def _settle_member(job: Job, alias: str) -> None:
-    """A batch member cancelled before it ran: its member row, and its batch's finish; one that
-    fails is logged and left to the workers' batch sweep (batch_outcomes.py)."""
+def _settle(job: Job, alias: str) -> None:
+    """A job cancelled before it ran: what waits for it, its batch member row and its batch's
+    finish; one that fails is logged and left to the workers' sweeps (batch_outcomes.py,
+    dependencies.py)."""
     from django.db import connections
 
     from ..database.backends.claimed import Claimed
     from .batch_outcomes import settle
     from .store import Store
 
-    member = Claimed(
-        job.id, job.job_type, "", job.queue, 0, 0, 0, 0, 0, None, None, None, None, job.batch_id, ""
-    )
     try:
-        settle(Store(connections[alias]), [(member, "cancelled")], int(clock.now(alias)))
+        settle(
+            Store(connections[alias]),
+            [(Claimed.stand_in(job.id, job.batch_id), "cancelled")],
+            int(clock.now(alias)),
+        )
     except Exception:
         logger.exception(
-            "job %s cancelled; recording it in batch %s failed: a worker's sweep will", job.id, job.batch_id
+            "job %s cancelled; resolving what it belongs to failed: a worker's sweep will", job.id
         )
 
 

@@ -16,6 +16,7 @@ from ..database.validation import INT64_MAX, show
 from ..database.validation import integer as _int
 from ..database.validation import job_id as _job_id
 from ..models import Job, Status
+from . import dependencies
 from .api import unique_hash
 from .batch_outcomes import reopen_members
 from .store import Store
@@ -70,6 +71,7 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
                 )
             if changed:
                 reopen_members(Store(connections[alias]), [job_id])
+                dependencies.reopen(Store(connections[alias]), [job_id])
         except IntegrityError:
             return False
     return changed == 1
@@ -193,6 +195,7 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
                     task_history=None,  # a retried task starts a new history, as attempts do
                 )
                 reopen_members(Store(connections[alias]), retried)
+                dependencies.reopen(Store(connections[alias]), retried)
         except IntegrityError:
             # A key was taken since the look above (an enqueue that committed meanwhile): one by
             # one, as retry() does, which tells which.

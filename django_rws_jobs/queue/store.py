@@ -120,14 +120,23 @@ class Store:
         return self.backend.claim(self, token, now, lease_until, queues, limit, probe_first)
 
     def complete_many(self, jobs: Sequence[Claimed]) -> set[str]:
-        """Delete finished jobs in one statement per claim; return the ids this worker still held."""
+        """Delete finished jobs in one statement per claim; return the ids this worker still held.
+        A job that got dependents while it ran has ``has_dependents`` set from its deleted row."""
         by_token: dict[str, list[str]] = {}
         for job in jobs:
             by_token.setdefault(job.token, []).append(job.id)
         done: set[str] = set()
+        depended: set[str] = set()
         with self.writes, self.cursor() as c:
             for token, ids in by_token.items():
-                done.update(self.backend.delete_finished(self, c, token, ids))
+                for job_id, has_dependents in self.backend.delete_finished(self, c, token, ids):
+                    done.add(job_id)
+                    if has_dependents:
+                        depended.add(job_id)
+        if depended:
+            for job in jobs:
+                if job.id in depended:
+                    job.has_dependents = True
         return done
 
     # -- outcomes (each fenced on the claim's token) ---------------------------------------------
@@ -155,7 +164,8 @@ class Store:
             return c.rowcount == 1
 
     def complete(self, job: Claimed) -> bool:
-        return self.fenced("DELETE FROM rws_jobs", [], job)
+        """Delete one finished job (fenced, as complete_many), reading its ``has_dependents``."""
+        return bool(self.complete_many([job]))
 
     def reschedule(
         self,

@@ -135,7 +135,9 @@ def succeed_many(store: Store, pairs: list[tuple[Claimed, TaskOutcome]]) -> list
         by_token.setdefault(job.token, []).append(job.id)
     with store.writes, store.atomic(), store.cursor() as c:
         deleted = [
-            i for token, ids in by_token.items() for i in store.backend.delete_finished(store, c, token, ids)
+            i
+            for token, ids in by_token.items()
+            for i, _ in store.backend.delete_finished(store, c, token, ids)
         ]
         if deleted:
             values = [_result_values(*rows[i]) for i in deleted]

@@ -15,7 +15,7 @@ from ..database import clock
 from ..database.connections import is_transient
 from ..operations import metrics
 from ..operations.worker_rows import Registration, forget_dead, heartbeat_interval
-from ..queue import batch_outcomes
+from ..queue import batch_outcomes, dependencies
 from ..queue.cancellation import prune_cancelled
 from ..queue.runner import recover
 from ..queue.store import Claimed
@@ -101,6 +101,7 @@ class LeaseKeeper:
         forget_dead(store, now)
         prune_cancelled(store, now, float(jobs_settings.CANCELLED_RETENTION))
         batch_outcomes.sweep(store, now)
+        dependencies.sweep(store, now)
         batch_outcomes.prune(store, now, float(jobs_settings.BATCH_RETENTION))
         metrics.prune(store, now - int(jobs_settings.METRICS_RETENTION))
 

@@ -345,3 +345,11 @@ def batch_member(payload: str) -> None:
     _trace("member", json.dumps({"payload": payload, "batch": current_job().batch_id}))
     if payload == "fail":
         raise ValueError("member failed")
+
+
+@job("test.enqueue_after_me")
+def enqueue_after_me(payload: str) -> None:
+    """Enqueues a test.record job that waits for this one, while this one runs."""
+    from django_rws_jobs import enqueue
+
+    enqueue("test.record", payload, after=[current_job().id])

@@ -31,12 +31,22 @@ class Claimed:
     cancel_requested_at: int | None
     # The batch this job is a member of, or whose callback it is (queue/batches.py).
     batch_id: str | None
+    # Whether a job waits for this one (enqueue(after=)): its end resolves them at once.
+    has_dependents: bool | None
     token: str
 
     @classmethod
     def from_row(cls, row: Sequence[Any], token: str) -> Claimed:
         """A claim's row (CLAIM_COLUMNS, in order) held by ``token``."""
         return cls(*row, token)  # type: ignore[call-arg]  # (a row is the fields before token)
+
+    @classmethod
+    def stand_in(
+        cls, job_id: str, batch_id: str | None = None, has_dependents: bool | None = None
+    ) -> Claimed:
+        """A claim that carries only what outcomes' bookkeeping reads (batch_outcomes.settle):
+        for a job that ended outside a worker's claim (a cancel, the sweep)."""
+        return cls(job_id, "", "", "", 0, 0, 0, 0, 0, None, None, None, None, batch_id, has_dependents, "")
 
     def as_job(self, **changes: Any) -> Job:
         fields = {k: v for k, v in self.__dict__.items() if k != "token"}

@@ -1,0 +1,310 @@
+"""Jobs that wait for jobs: ``enqueue(..., after=[ids or batches], on_dependency_failure=)``.
+
+A job enqueued with ``after`` is stored ``blocked`` (no claim reads it) with a row of
+``rws_job_dependencies`` per thing it waits for. When that ends, the row's ``outcome`` is set
+(succeeded, failed) and the job is resolved: pending once everything it waits for has succeeded;
+on a failure, by the row's policy: ``cancel`` cancels it (and, in turn, what waits on it),
+``run`` counts the failure as done, ``wait`` keeps it blocked until the dependency is retried
+and succeeds. A job whose row is gone has succeeded.
+
+Invariants (tests/test_dependencies.py):
+
+- Nothing polls. The worker that ends a job with dependents (``has_dependents``, set by the
+  enqueue that waits for it, returned by the claim and by the deletion) resolves them after its
+  own commit (``batch_outcomes.settle``); a batch's finish resolves what waits for the batch.
+- An enqueue and an end that cross are caught by the enqueue looking again after its commit
+  (``recheck``): either the end's writer sees the dependency row, or the recheck sees the end.
+- Resolution writes are conditional on ``status = 'blocked'``: a job is released or cancelled
+  once, whoever resolves it (the worker, the recheck, the keeper's sweep).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.db import connections, transaction
+
+from ..database import clock
+from ..database.validation import show
+from ..database.validation import text as _text
+
+logger = logging.getLogger("django_rws_jobs")
+
+POLICIES = ("cancel", "run", "wait")
+#: The statuses of a job that has not ended.
+LIVE = ("pending", "running", "waiting", "blocked")
+CHUNK = 500
+
+
+def marks(n: int) -> str:
+    return ", ".join(["%s"] * n)
+
+
+def policy(value: Any) -> str:
+    if value not in POLICIES:
+        raise ValueError(f"on_dependency_failure must be one of {', '.join(POLICIES)}, got {show(value)}")
+    return str(value)
+
+
+def targets(after: Any, policy_name: Any) -> list[tuple[str, bool]]:
+    """``after`` checked: a list of job ids (str) and batches; (id, is a batch) each."""
+    policy(policy_name)
+    if isinstance(after, (str, bytes)) or not isinstance(after, (list, tuple)):
+        raise TypeError(
+            f"after must be a list of job ids and batches, got {type(after).__name__} {show(after)}"
+            + (" (put a single id in a list)" if isinstance(after, str) else "")
+        )
+    if not after:
+        raise ValueError("after must name at least one job or batch")
+    found: dict[str, bool] = {}
+    for item in after:
+        batch_id = getattr(item, "id", None) if not isinstance(item, str) else None
+        if isinstance(item, str):
+            found[_text("a job id in after", item, limit=64)] = False
+        elif isinstance(batch_id, str) and type(item).__name__ in ("Batch", "batch"):
+            found[batch_id] = True
+        else:
+            raise TypeError(f"after takes job ids (str) and batches, got {type(item).__name__} {show(item)}")
+    return list(found.items())
+
+
+def add(conn: Any, job_id: str, deps: Sequence[tuple[str, bool]], policy: str) -> str:
+    """Record what the job ``job_id`` (inserted blocked in this transaction) waits for; mark each
+    live job it waits for, and resolve at once what has ended. Returns the job's status now."""
+    outcomes: list[str | None] = []
+    with conn.cursor() as c:
+        for dep, on_batch in deps:
+            outcomes.append(_current_outcome(c, dep, on_batch))
+        rows = [
+            v
+            for (dep, on_batch), outcome in zip(deps, outcomes, strict=True)
+            for v in (job_id, dep, on_batch, policy, outcome)
+        ]
+        c.execute(
+            "INSERT INTO rws_job_dependencies (job_id, depends_on, on_batch, policy, outcome) VALUES "
+            + ", ".join(["(%s, %s, %s, %s, %s)"] * len(deps)),
+            rows,
+        )
+        status = decide([(policy, o) for o in outcomes])
+        if status != "blocked":
+            _set_status(c, [job_id], status, int(clock.now(conn.alias)))
+    alias = conn.alias
+    transaction.on_commit(lambda: recheck(alias, [job_id]), using=alias)
+    return status
+
+
+def _current_outcome(c: Any, dep: str, on_batch: bool) -> str | None:
+    if on_batch:
+        c.execute("SELECT state, outcome FROM rws_batches WHERE id = %s", [dep])
+        row = c.fetchone()
+        if row is None:
+            raise ValueError(f"after names batch {dep}, which does not exist (or was pruned)")
+        if row[0] == "cancelled":
+            return "failed"
+        return row[1] if row[0] == "finished" else None
+    c.execute(
+        f"UPDATE rws_jobs SET has_dependents = TRUE WHERE id = %s AND status IN ({marks(len(LIVE))})",
+        [dep, *LIVE],
+    )
+    if c.rowcount:
+        return None
+    c.execute("SELECT status FROM rws_jobs WHERE id = %s", [dep])
+    row = c.fetchone()
+    return "succeeded" if row is None else "failed"
+
+
+def decide(edges: Iterable[tuple[str, str | None]]) -> str:
+    """What a blocked job becomes, from its dependencies' (policy, outcome): cancelled if a
+    failure's policy cancels, blocked while anything is outstanding (or a failure waits),
+    else pending."""
+    edges = list(edges)
+    if any(o == "failed" and p == "cancel" for p, o in edges):
+        return "cancelled"
+    if any(o is None or (o == "failed" and p == "wait") for p, o in edges):
+        return "blocked"
+    return "pending"
+
+
+#: What a job cancelled because something it waits for failed carries as its error.
+CANCELLED_ERROR = 'cancelled: a job or batch it waits for failed (on_dependency_failure="cancel")'
+
+
+def _set_status(c: Any, job_ids: Sequence[str], status: str, now: int) -> int:
+    """Release (pending, or waiting with a concurrency key) or cancel blocked jobs."""
+    if status == "cancelled":
+        c.execute(
+            "UPDATE rws_jobs SET status = 'cancelled', cancelled_at = %s, unique_hash = NULL, "
+            f"last_error = %s WHERE id IN ({marks(len(job_ids))}) AND status = 'blocked'",
+            [now, CANCELLED_ERROR, *job_ids],
+        )
+    else:
+        c.execute(
+            "UPDATE rws_jobs SET status = "
+            "CASE WHEN concurrency_key IS NULL THEN 'pending' ELSE 'waiting' END "
+            f"WHERE id IN ({marks(len(job_ids))}) AND status = 'blocked'",
+            list(job_ids),
+        )
+    return int(c.rowcount)
+
+
+def ended(store: Any, depends_on: Sequence[str], outcome: str) -> int:
+    """``depends_on`` (jobs or batches) ended with ``outcome``: set it on what waits for them and
+    resolve those jobs, cascading cancels. Returns how many jobs were released or cancelled."""
+    changed = 0
+    pending = [(list(depends_on), outcome)]
+    while pending:
+        ids, result = pending.pop()
+        waiting: list[str] = []
+        with store.writes, store.cursor() as c:
+            for part in _chunks(ids):
+                c.execute(
+                    f"UPDATE rws_job_dependencies SET outcome = %s WHERE depends_on IN ({marks(len(part))}) "
+                    "AND (outcome IS NULL OR outcome <> %s)",
+                    [result, *part, result],
+                )
+                c.execute(
+                    "SELECT DISTINCT job_id FROM rws_job_dependencies "
+                    f"WHERE depends_on IN ({marks(len(part))})",
+                    list(part),
+                )
+                waiting += [row[0] for row in c.fetchall()]
+        if waiting:
+            released, cancelled = resolve(store, waiting)
+            changed += released + len(cancelled)
+            if cancelled:
+                pending.append((cancelled, "failed"))
+    return changed
+
+
+def resolve(store: Any, job_ids: Sequence[str]) -> tuple[int, list[str]]:
+    """Decide each blocked job among ``job_ids`` from its dependency rows; (how many released,
+    the ids cancelled)."""
+    released = 0
+    cancelled: list[str] = []
+    for part in _chunks(list(dict.fromkeys(job_ids))):
+        edges: dict[str, list[tuple[str, str | None]]] = {}
+        with store.cursor() as c:
+            c.execute(
+                f"SELECT d.job_id, d.policy, d.outcome FROM rws_job_dependencies d JOIN rws_jobs j "
+                f"ON j.id = d.job_id WHERE d.job_id IN ({marks(len(part))}) AND j.status = 'blocked'",
+                list(part),
+            )
+            for job_id, policy, outcome in c.fetchall():
+                edges.setdefault(job_id, []).append((policy, outcome))
+        by_status: dict[str, list[str]] = {}
+        for job_id, its in edges.items():
+            by_status.setdefault(decide(its), []).append(job_id)
+        if not by_status.get("pending") and not by_status.get("cancelled"):
+            continue
+        now = int(clock.now(store.conn.alias))
+        with store.writes, store.atomic(), store.cursor() as c:
+            if by_status.get("pending"):
+                released += _set_status(c, by_status["pending"], "pending", now)
+            if by_status.get("cancelled"):
+                _set_status(c, by_status["cancelled"], "cancelled", now)
+                cancelled += by_status["cancelled"]
+    if cancelled:
+        logger.warning("%d blocked job(s) cancelled: a job or batch they wait for failed", len(cancelled))
+    return released, cancelled
+
+
+def recheck(alias: str, job_ids: Sequence[str]) -> None:
+    """After an enqueue with ``after`` committed: the outcome of whatever ended meanwhile, then
+    the jobs' resolution (see the module's invariants). A failure is left to the sweep."""
+    from .store import Store
+
+    try:
+        store = Store(connections[alias])
+        sweep(store, int(clock.now(alias)), only=job_ids)
+    except Exception:
+        logger.exception(
+            "could not resolve %d blocked job(s) after their enqueue; the sweep will", len(job_ids)
+        )
+
+
+def recheck_batch(alias: str, batch_id: str) -> None:
+    """A batch was cancelled: what waits for it has a failed dependency."""
+    from .store import Store
+
+    try:
+        ended(Store(connections[alias]), [batch_id], "failed")
+    except Exception:
+        logger.exception(
+            "could not resolve the jobs waiting for cancelled batch %s; the sweep will", batch_id
+        )
+
+
+def sweep(store: Any, now: int, only: Sequence[str] | None = None, limit: int = 500) -> int:
+    """Set the outcomes that nobody wrote (a worker killed after its commit, a writer that knows
+    no dependencies, an enqueue that crossed an end), then resolve the blocked jobs that have
+    all they need. ``only``: just these jobs. Returns how many were released or cancelled."""
+    where = f" AND d.job_id IN ({marks(len(only))})" if only else ""
+    args = list(only or ())
+    with store.cursor() as c:
+        c.execute(
+            "SELECT DISTINCT d.depends_on, p.status FROM rws_job_dependencies d LEFT JOIN rws_jobs p "
+            "ON p.id = d.depends_on WHERE d.outcome IS NULL AND d.on_batch = FALSE"
+            + where
+            + " AND (p.id IS NULL OR p.status IN ('failed', 'cancelled')) "
+            f"LIMIT {int(limit)}",
+            args,
+        )
+        jobs_ended = c.fetchall()
+        c.execute(
+            "SELECT DISTINCT d.depends_on, b.state, b.outcome FROM rws_job_dependencies d JOIN rws_batches b "
+            "ON b.id = d.depends_on WHERE d.outcome IS NULL AND d.on_batch = TRUE"
+            + where
+            + " AND b.state IN ('finished', 'cancelled') "
+            f"LIMIT {int(limit)}",
+            args,
+        )
+        batches_ended = c.fetchall()
+    changed = 0
+    succeeded = [dep for dep, status in jobs_ended if status is None]
+    failed = [dep for dep, status in jobs_ended if status is not None]
+    succeeded += [
+        dep for dep, state, outcome in batches_ended if state == "finished" and outcome == "succeeded"
+    ]
+    failed += [
+        dep for dep, state, outcome in batches_ended if not (state == "finished" and outcome == "succeeded")
+    ]
+    if succeeded:
+        changed += ended(store, succeeded, "succeeded")
+    if failed:
+        changed += ended(store, failed, "failed")
+    with store.cursor() as c:
+        c.execute(
+            "SELECT j.id FROM rws_jobs j WHERE j.status = 'blocked'"
+            + (f" AND j.id IN ({marks(len(only))})" if only else "")
+            + " AND NOT EXISTS (SELECT 1 FROM rws_job_dependencies d WHERE d.job_id = j.id AND "
+            "(d.outcome IS NULL OR (d.outcome = 'failed' AND d.policy = 'wait'))) "
+            f"LIMIT {int(limit)}",
+            args,
+        )
+        ready = [row[0] for row in c.fetchall()]
+    if ready:
+        released, cancelled = resolve(store, ready)
+        changed += released + len(cancelled)
+        if cancelled:
+            changed += ended(store, cancelled, "failed")
+    return changed
+
+
+def reopen(store: Any, job_ids: Sequence[str]) -> None:
+    """Jobs (or batches) among ``job_ids`` were put back in the queue: what waits for them with
+    ``wait`` waits for the new attempt (its outcome is unknown again). Call it in the retry's
+    transaction."""
+    with store.cursor() as c:
+        for part in _chunks(list(job_ids)):
+            c.execute(
+                f"UPDATE rws_job_dependencies SET outcome = NULL WHERE depends_on IN ({marks(len(part))}) "
+                "AND outcome = 'failed' AND policy = 'wait'",
+                list(part),
+            )
+
+
+def _chunks(values: Sequence[str]) -> Iterable[Sequence[str]]:
+    for start in range(0, len(values), CHUNK):
+        yield values[start : start + CHUNK]

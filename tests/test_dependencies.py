@@ -1,0 +1,163 @@
+"""Jobs that wait for jobs and batches: enqueue(after=, on_dependency_failure=)."""
+
+import pytest
+from django.db import connections
+
+import django_rws_jobs as rws
+from django_rws_jobs.models import Dependency, Job
+from django_rws_jobs.queue import dependencies
+from django_rws_jobs.queue.store import Store
+from tests.conftest import drain
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def status(job_id: str) -> str | None:
+    return Job.objects.filter(id=job_id).values_list("status", flat=True).first()
+
+
+def test_a_chain_runs_in_order_and_a_blocked_job_is_never_claimed(runs):
+    a = rws.enqueue("test.record", "a", priority=-5)
+    b = rws.enqueue("test.record", "b", after=[a], priority=5)
+    c = rws.enqueue("test.record", "c", after=[b], priority=9)
+    assert (status(b), status(c)) == ("blocked", "blocked")
+    assert drain() == 3
+    assert runs() == [("record", "a"), ("record", "b"), ("record", "c")]
+    assert Job.objects.count() == 0 and Dependency.objects.filter(outcome__isnull=True).count() == 0
+
+
+def test_a_diamond_runs_its_join_last(runs):
+    a = rws.enqueue("test.record", "a")
+    b = rws.enqueue("test.record", "b", after=[a])
+    c = rws.enqueue("test.record", "c", after=[a])
+    rws.enqueue("test.record", "d", after=[b, c], priority=100)
+    drain()
+    order = [p for _, p in runs()]
+    assert order[0] == "a" and order[-1] == "d" and sorted(order[1:3]) == ["b", "c"]
+
+
+def test_a_job_after_a_finished_or_dead_job_is_decided_at_enqueue():
+    gone = "01000000-0000-7000-8000-000000000000"  # no such row: it succeeded (and was deleted)
+    assert status(rws.enqueue("test.record", "x", after=[gone])) == "pending"
+    dead = rws.enqueue("test.fail", "x", max_retries=0)
+    drain()
+    assert status(rws.enqueue("test.record", "y", after=[dead])) == "cancelled"
+    assert status(rws.enqueue("test.record", "z", after=[dead], on_dependency_failure="run")) == "pending"
+    assert status(rws.enqueue("test.record", "w", after=[dead], on_dependency_failure="wait")) == "blocked"
+
+
+@pytest.mark.parametrize("policy, then", [("cancel", "cancelled"), ("run", None), ("wait", "blocked")])
+def test_each_policy_with_a_dependency_that_dies(policy, then, runs):
+    dep = rws.enqueue("test.fail", "x", max_retries=0)
+    job = rws.enqueue("test.record", "after", after=[dep], on_dependency_failure=policy)
+    further = rws.enqueue("test.record", "further", after=[job])
+    drain()
+    assert status(dep) == "failed"
+    assert status(job) == then  # None: it ran and succeeded (deleted)
+    if policy == "cancel":
+        assert status(further) == "cancelled"  # the cancel cascades
+        assert "on_dependency_failure" in Job.objects.get(id=job).last_error
+    elif policy == "run":
+        assert [p for _, p in runs()] == ["after", "further"]
+    else:
+        assert status(further) == "blocked" and runs() == []
+
+
+def test_wait_then_a_retry_that_succeeds_runs_the_job(runs):
+    dep = rws.enqueue("test.fail", "x", max_retries=0)
+    job = rws.enqueue("test.record", "after", after=[dep], on_dependency_failure="wait")
+    drain()
+    assert status(job) == "blocked"
+    Job.objects.filter(id=dep).update(job_type="test.record")  # fixed; retried
+    assert rws.retry(dep)
+    drain()
+    assert status(job) is None and [p for _, p in runs()] == ["x", "after"]
+
+
+def test_a_job_after_a_whole_batch(runs):
+    with rws.batch() as b:
+        b.enqueue("test.record", "m1")
+        b.enqueue("test.record", "m2")
+    job = rws.enqueue("test.record", "report", after=[b], priority=100)
+    assert status(job) == "blocked"
+    drain()
+    assert [p for _, p in runs()][-1] == "report"
+    with rws.batch() as failing:
+        failing.enqueue("test.fail", "x", max_retries=0)
+    waiting = rws.enqueue("test.record", "r2", after=[rws.get_batch(failing.id)])
+    drain()
+    assert status(waiting) == "cancelled"
+
+
+def test_a_job_after_a_cancelled_batch_is_cancelled():
+    with rws.batch() as b:
+        b.enqueue("test.record", "m")
+    job = rws.enqueue("test.record", "after", after=[b])
+    assert rws.get_batch(b.id).cancel()
+    assert status(job) == "cancelled"
+
+
+def test_cancelling_a_blocked_job_cascades():
+    a = rws.enqueue("test.record", "a", run_in=3600)
+    b = rws.enqueue("test.record", "b", after=[a])
+    c = rws.enqueue("test.record", "c", after=[b])
+    assert rws.cancel(b)
+    assert (status(a), status(b), status(c)) == ("pending", "cancelled", "cancelled")
+
+
+def test_a_dependent_enqueued_while_its_dependency_runs_is_released_by_that_worker(runs):
+    """The handler enqueues a job after itself: the claim read no dependents, the deletion does."""
+    rws.enqueue("test.enqueue_after_me", "next")
+    assert rws.tick()  # runs the handler, then its deletion releases the dependent
+    assert Job.objects.get().status == "pending"
+    assert rws.tick() and runs() == [("record", "next")]
+
+
+def test_an_end_nobody_recorded_is_found_by_the_recheck_and_the_sweep():
+    a1 = rws.enqueue("test.record", "a1")
+    a2 = rws.enqueue("test.record", "a2")
+    b = rws.enqueue("test.record", "b", after=[a1])
+    c = rws.enqueue("test.record", "c", after=[a2])
+    Job.objects.filter(id__in=[a1, a2]).delete()  # they succeeded; the worker died before resolving
+    dependencies.recheck("default", [b])
+    assert (status(b), status(c)) == ("pending", "blocked")
+    assert dependencies.sweep(Store(connections["default"]), 0) >= 1
+    assert status(c) == "pending"
+
+
+def test_enqueue_many_items_take_after():
+    a = rws.enqueue("test.record", "a")
+    ids = rws.enqueue_many(
+        [
+            {"job_type": "test.record", "after": [a]},
+            {"job_type": "test.record", "payload": "free"},
+            {"job_type": "test.record", "after": [a], "on_dependency_failure": "run"},
+        ]
+    )
+    assert [status(i) for i in ids] == ["blocked", "pending", "blocked"]
+    assert Dependency.objects.filter(depends_on=a).count() == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"after": "01000000-0000-7000-8000-000000000000"}, "put a single id in a list"),
+        ({"after": []}, "at least one job or batch"),
+        ({"after": [42]}, "after takes job ids (str) and batches, got int"),
+        ({"after": ["a"], "on_dependency_failure": "retry"}, "must be one of cancel, run, wait"),
+        ({"on_dependency_failure": "run"}, "needs after="),
+        ({"on_dependency_failure": "later"}, "must be one of cancel, run, wait"),
+    ],
+)
+def test_bad_input_is_a_clear_error_and_stores_nothing(kwargs, error):
+    with pytest.raises((TypeError, ValueError)) as caught:
+        rws.enqueue("test.record", "x", **kwargs)
+    assert error in str(caught.value)
+    assert Job.objects.count() == 0 and Dependency.objects.count() == 0
+
+
+def test_a_unique_job_already_live_gets_no_dependencies():
+    held = rws.enqueue("test.record", "u", unique="k")
+    other = rws.enqueue("test.record", "o")
+    assert rws.enqueue("test.record", "u", unique="k", after=[other]) == held
+    assert status(held) == "pending" and Dependency.objects.count() == 0
