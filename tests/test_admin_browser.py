@@ -247,3 +247,45 @@ def test_workers_page_and_cancelling_from_the_jobs_list(page, live_server):
         ids[2]: "pending",
     }
     screenshot(page, "admin-cancel.png")
+
+
+def test_batches_page_progress_and_actions(page, live_server):
+    """The Batches page: a batch's progress bar and counts, its callbacks and metadata; its dead
+    members through its page's link; a blocked job's page names what it waits for; the action
+    that retries a batch's dead members."""
+    with rws.batch(
+        on_success=rws.call("test.record", "report"),
+        on_failure=rws.call("test.record", "alert"),
+        description="import 7",
+        metadata={"import": 7, "by": "ops"},
+    ) as b:
+        for i in range(6):
+            b.enqueue("test.record", f"row {i}")
+        dead = b.enqueue("test.fail", "row 6", max_retries=0)
+        later = [b.enqueue("test.record", f"row {i}", run_in=3600) for i in (7, 8, 9)]
+    while rws.tick():
+        pass
+    blocked = rws.enqueue("test.record", "summary", after=[b])
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/batchrecord/")
+    row = page.locator("#result_list tbody tr").first
+    assert "import 7" in row.inner_text() and "sealed" in row.inner_text()
+    assert page.locator("progress.rws-progress").get_attribute("value") == "7"  # 6 succeeded, 1 dead
+    screenshot(page, "admin-batches.png")
+    page.click(f"#result_list a:text('{b.id}')")
+    page.wait_for_selector(".field-counts >> text=10 members: 6 succeeded, 1 failed, 0 cancelled, 3 pending")
+    assert "on_failure: test.record" in page.locator(".field-callback_detail").inner_text()
+    assert '"import": 7' in page.locator(".field-metadata_detail").inner_text()
+    page.click(".field-members >> text=dead")
+    page.wait_for_selector("#result_list")
+    assert page.locator("#result_list tbody tr").count() == 1
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/job/{dead}/change/")
+    assert f"{b.id} (member)" in page.locator(".field-batch_detail").inner_text()
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/job/{blocked}/change/")
+    assert f"batch {b.id}: not ended" in page.locator(".field-dependency_detail").inner_text()
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/batchrecord/")
+    page.check(f"input[name=_selected_action][value='{b.id}']")
+    page.select_option("select[name=action]", "retry_failed_members")
+    page.click("button[name=index]")
+    page.wait_for_selector("text=Put 1 dead member back.")
+    assert Job.objects.get(id=dead).status == "pending"
+    assert set(Job.objects.filter(id__in=later).values_list("status", flat=True)) == {"pending"}

@@ -4,6 +4,7 @@ django.tasks results, and the workers.
 Importing this package (Django's admin autodiscovery does) registers the pages on ``admin.site``.
 """
 
+from .batches import BatchAdmin
 from .dead import FailedJobAdmin
 from .jobs import JobAdmin
 from .overview_entry import QueueOverviewAdmin
@@ -12,6 +13,7 @@ from .tasks import TaskResultAdmin
 from .workers import WorkerAdmin
 
 __all__ = [
+    "BatchAdmin",
     "FailedJobAdmin",
     "JobAdmin",
     "JobScheduleAdmin",

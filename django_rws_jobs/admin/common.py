@@ -16,7 +16,7 @@ from django.utils.text import Truncator
 
 from ..database import clock
 from ..database.connections import queue_alias
-from ..models import FailedJob, Job, JobSchedule, Worker
+from ..models import BatchRecord, FailedJob, Job, JobSchedule, Worker
 from ..operations import humanize
 
 #: Rows a count on a big table reads at most: past it the jobs list says "more than", the
@@ -134,4 +134,5 @@ def links(request: HttpRequest, model_admin: admin.ModelAdmin) -> dict[str, str 
         "dead_letter_url": url("failedjob_changelist", FailedJob),
         "schedules_url": url("jobschedule_changelist", JobSchedule),
         "workers_url": url("worker_changelist", Worker),
+        "batches_url": url("batchrecord_changelist", BatchRecord),
     }

@@ -10,14 +10,14 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..conf import jobs_settings
 from ..database.connections import queue_alias
-from ..models import Job, JobQuerySet, Status
+from ..models import Dependency, Job, JobQuerySet, Status
 from ..operations import humanize
 from ..queue.cancellation import cancel
 from ..queue.registry import registry, time_limit
@@ -87,6 +87,16 @@ class QueueFilter(DeclaredChoicesFilter):
         specs = [registry.get(t) for t in registry.job_types()]
         options = [spec.options for spec in specs if spec is not None]
         return {"default"} | {o["queue"] for o in options if isinstance(o.get("queue"), str)}
+
+
+class BatchIdFilter(DeclaredChoicesFilter):
+    """A batch's jobs (its page links here); offered only while chosen."""
+
+    title = _("batch")
+    parameter_name = "batch_id"
+
+    def declared(self) -> set[str]:
+        return set()
 
 
 class JobTypeFilter(DeclaredChoicesFilter):
@@ -189,6 +199,47 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
             )
         return "-"
 
+    @admin.display(description=_("batch"))
+    def batch_detail(self, obj: Job) -> SafeString | str:
+        """The batch it is a member of, or whose callback it is (and for which event)."""
+        if obj.batch_id is None:
+            return "-"
+        url = reverse(
+            "admin:django_rws_jobs_batchrecord_change",
+            args=[quote(obj.batch_id)],
+            current_app=self.admin_site.name,
+        )
+        role = _("callback on_%(event)s") % {"event": obj.batch_event} if obj.batch_event else _("member")
+        return format_html('<a href="{}">{}</a> ({})', url, obj.batch_id, role)
+
+    @admin.display(description=_("waits for"))
+    def dependency_detail(self, obj: Job) -> SafeString | str:
+        """What a job enqueued with after= waits for, with each one's outcome so far."""
+        rows = list(
+            Dependency.objects.using(obj._state.db)
+            .filter(job_id=obj.id)
+            .values_list("depends_on", "on_batch", "policy", "outcome")[:50]
+        )
+        if not rows:
+            return "-"
+        items = []
+        for dep, on_batch, policy, outcome in rows:
+            name = "batchrecord" if on_batch else "job"
+            url = reverse(
+                f"admin:django_rws_jobs_{name}_change", args=[quote(dep)], current_app=self.admin_site.name
+            )
+            items.append(
+                format_html(
+                    '<li>{} <a href="{}">{}</a>: {} (on failure: {})</li>',
+                    _("batch") if on_batch else _("job"),
+                    url,
+                    dep,
+                    outcome or _("not ended"),
+                    policy,
+                )
+            )
+        return format_html("<ul>{}</ul>", format_html_join("", "{}", ((i,) for i in items)))
+
     @admin.display(description=_("payload"))
     def payload_detail(self, obj: Job) -> SafeString | str:
         return pre(obj.payload)
@@ -213,6 +264,8 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
                     "priority",
                     "unique_key",
                     "concurrency_detail",
+                    "batch_detail",
+                    "dependency_detail",
                     "cancel_detail",
                     "runs",
                     "timeout_detail",
@@ -242,7 +295,7 @@ class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
     """Every job, view only: jobs change through the queue's API, the worker and the dead-letter list."""
 
     list_display = ("id", "job_type", "status", "queue", "runs", "due", "created", "error")
-    list_filter = ("status", DueFilter, QueueFilter, JobTypeFilter)
+    list_filter = ("status", DueFilter, QueueFilter, JobTypeFilter, BatchIdFilter)
     # Failed, then pending by due time (the oldest due first), then running: the order of the
     # due index (status, next_run_at, priority), so that a page of a million-row list reads a
     # page's worth of rows on each database, filtered or not, instead of sorting them all
