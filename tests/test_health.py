@@ -121,11 +121,35 @@ def test_worker_needs_a_live_worker_of_this_host():
     )
 
 
+def test_blocked_jobs_and_open_batches_thresholds():
+    from django_rws_jobs.models import BatchRecord
+
+    first = rws.enqueue("test.record", "first", run_in=3600)
+    rws.enqueue("test.record", "a", after=[first])
+    rws.enqueue("test.record", "b", after=[first])
+    assert health("--max-blocked", "2")[0] == 0
+    assert health("--max-blocked", "1") == (1, "unhealthy: more than 1 blocked job(s), over --max-blocked 1")
+    assert health("--max-open-batch-age", "60") == (
+        0,
+        "healthy: database 'default' answers; migrations applied; no batch is open",
+    )
+    with rws.batch() as b:
+        BatchRecord.objects.filter(id=b.id).update(created_at=int(time.time()) - 600)
+        code, line = health("--max-open-batch-age", "60")
+        assert (
+            code == 1 and f"batch {b.id} has been open 60" in line and "over --max-open-batch-age 60" in line
+        )
+        assert health("--max-open-batch-age", "3600")[0] == 0
+    assert health("--max-open-batch-age", "60")[0] == 0  # sealed (and finished) now
+
+
 def test_bad_thresholds_are_refused_naming_them():
     from django.core.management.base import CommandError
 
     with pytest.raises(CommandError, match="--max-due-age -1.0 must be a number of seconds >= 0"):
         call_command("rws_health", "--max-due-age", "-1")
+    with pytest.raises(CommandError, match="--max-open-batch-age -5.0 must be a number of seconds >= 0"):
+        call_command("rws_health", "--max-open-batch-age", "-5")
     with pytest.raises(CommandError, match="argument --max-due: invalid _non_negative value: '-3'"):
         call_command("rws_health", "--max-due", "-3")
 

@@ -139,6 +139,25 @@ def test_the_gauges_equal_the_tables_counts(admin_client):
     assert found[("rws_workers_alive", ())] == 0
 
 
+def test_blocked_jobs_and_batches_in_the_gauges(admin_client):
+    from django_rws_jobs.models import BatchRecord
+
+    first = rws.enqueue("test.record", "first", run_in=3600)
+    rws.enqueue("test.record", "after", after=[first])
+    with rws.batch() as finished:
+        pass
+    with rws.batch() as sealed:
+        sealed.enqueue("test.record", "m", run_in=3600)
+    with rws.batch() as still_open:
+        BatchRecord.objects.filter(id=still_open.id).update(created_at=int(time.time()) - 300)
+        found = scrape(admin_client)
+    assert found[("rws_queue_jobs", (("queue", "default"), ("state", "blocked")))] == 1
+    states = {s: found[("rws_batches", (("state", s),))] for s in ("open", "sealed", "finished", "cancelled")}
+    assert states == {"open": 1, "sealed": 1, "finished": 1, "cancelled": 0}
+    assert found[("rws_batch_oldest_open_age_seconds", ())] >= 300
+    assert finished.id != sealed.id
+
+
 def test_a_waiting_job_whose_key_stays_full_is_due_in_the_gauges(admin_client):
     from tests.test_health import stall_a_key
 

@@ -25,7 +25,9 @@ from .metrics import ADDS
 #: Job states each queue's ``rws_queue_jobs`` gauge has (due: pending, or waiting for a slot of its
 #: concurrency key, and due now: tests/test_metrics.py
 #: test_a_waiting_job_whose_key_stays_full_is_due_in_the_gauges).
-STATES = ("waiting", "pending", "due", "running", "failed", "cancelled")
+STATES = ("waiting", "pending", "due", "running", "failed", "cancelled", "blocked")
+#: States of the ``rws_batches`` gauge.
+BATCH_STATES = ("open", "sealed", "finished", "cancelled")
 #: Counter name -> the rws_metrics column it sums.
 COUNTERS = {
     "rws_jobs_done": ("done", "Jobs that succeeded"),
@@ -112,12 +114,34 @@ class QueueCollector:
         yield GaugeMetricFamily(
             "rws_workers_alive", "Workers whose heartbeat is at most three intervals old", value=alive
         )
+        states, oldest_open = read_batches(self.alias)
+        batches = GaugeMetricFamily("rws_batches", "Batches per state (kept ones)", labels=["state"])
+        for state in BATCH_STATES:
+            batches.add_metric([state], states.get(state, 0))
+        yield batches
+        yield GaugeMetricFamily(
+            "rws_batch_oldest_open_age_seconds",
+            "How long the oldest batch still open (its with block not ended) has been open",
+            value=max(now - oldest_open, 0) if oldest_open is not None else 0,
+        )
         for name, (column, text) in COUNTERS.items():
             family = CounterMetricFamily(name, text, labels=["queue", "job_type"])
             i = ADDS.index(column)
             for (queue, job_type), values in sorted(counters.items()):
                 family.add_metric([queue, job_type], values[i])
             yield family
+
+
+def read_batches(alias: str) -> tuple[dict[str, int], int | None]:
+    """state -> batches; when the oldest open batch was created. One statement."""
+    with connections[alias].cursor() as c:
+        c.execute(
+            "SELECT state, COUNT(*), MIN(CASE WHEN state = 'open' THEN created_at END) FROM rws_batches "
+            "GROUP BY state"
+        )
+        rows = c.fetchall()
+    oldest = [r[2] for r in rows if r[2] is not None]
+    return {state: n for state, n, _ in rows}, min(oldest) if oldest else None
 
 
 def read(

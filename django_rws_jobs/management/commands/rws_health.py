@@ -56,11 +56,25 @@ class Command(BaseCommand):
             help="--max-due and --max-due-age count the jobs of paused queues too",
         )
         parser.add_argument("--max-failed", type=_non_negative, metavar="N", help="at most N jobs are dead")
+        parser.add_argument(
+            "--max-blocked",
+            type=_non_negative,
+            metavar="N",
+            help="at most N jobs are blocked (enqueued with after=)",
+        )
+        parser.add_argument(
+            "--max-open-batch-age",
+            type=float,
+            metavar="SECONDS",
+            help="no batch has been open (its with block not ended) longer than this",
+        )
         parser.add_argument("--json", action="store_true", help="print a JSON object instead of a line")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["max_due_age"] is not None and not options["max_due_age"] >= 0:
-            raise CommandError(f"--max-due-age {options['max_due_age']!r} must be a number of seconds >= 0")
+        for flag in ("max_due_age", "max_open_batch_age"):
+            if options[flag] is not None and not options[flag] >= 0:
+                name = "--" + flag.replace("_", "-")
+                raise CommandError(f"{name} {options[flag]!r} must be a number of seconds >= 0")
         findings: dict[str, Finding] = {}
         if options["heartbeat_file"] is not None:
             findings["heartbeat_file"] = heartbeat_file(options["heartbeat_file"])
@@ -69,6 +83,8 @@ class Command(BaseCommand):
             options["max_due_age"] is not None,
             options["max_due"] is not None,
             options["max_failed"] is not None,
+            options["max_blocked"] is not None,
+            options["max_open_batch_age"] is not None,
         )
         if options["heartbeat_file"] is None or any(database_checks):
             findings.update(database(options))
@@ -190,7 +206,33 @@ def thresholds(alias: str, options: dict[str, Any]) -> dict[str, Finding]:
         rows = Job.objects.using(alias).filter(status=Status.FAILED).order_by()
         n = rows[: limit + 1].count()  # an index range that LIMIT stops
         found["max_failed"] = counted(n, limit, "dead", "max-failed", "")
+    if options["max_blocked"] is not None:
+        limit = options["max_blocked"]
+        n = Job.objects.using(alias).filter(status=Status.BLOCKED).order_by()[: limit + 1].count()
+        found["max_blocked"] = counted(n, limit, "blocked", "max-blocked", "")
+    if options["max_open_batch_age"] is not None:
+        found["open_batch_age"] = open_batch_age(alias, now, options["max_open_batch_age"])
     return found
+
+
+def open_batch_age(alias: str, now: int, limit: float) -> Finding:
+    """The oldest open batch: one whose with block never ended (its process died in it) stays
+    open for ever and never finishes."""
+    from django_rws_jobs.models import BatchRecord
+
+    oldest = (
+        BatchRecord.objects.using(alias)
+        .filter(state="open")
+        .order_by("created_at")
+        .values_list("id", "created_at")
+        .first()
+    )
+    if oldest is None:
+        return True, "no batch is open"
+    age = max(now - oldest[1], 0)
+    if age > limit:
+        return False, f"batch {oldest[0]} has been open {age}s, over --max-open-batch-age {limit:g}"
+    return True, f"the oldest open batch has been open {age}s"
 
 
 def counted(n: int, limit: int, label: str, flag: str, note: str) -> Finding:
