@@ -91,3 +91,27 @@ print(json.dumps({"id": b.id, "peak": peak, "state": state}))
     assert result["peak"] < 64 * 2**20, f"peak {result['peak'] / 2**20:.1f} MiB"
     got = rws.get_batch(result["id"])
     assert (got.state, got.total, got.succeeded, got.pending) == ("sealed", 100_000, 1, 99_999)
+
+
+def test_a_chain_a_diamond_and_a_late_dependent_run_through_a_worker_without_polling(workers):  # noqa: F811
+    """The worker that ends a job releases what waits for it and wakes its own dispatcher: with a
+    30 s poll interval and no sweep, a chain of 20 finishes in seconds. A job enqueued after a
+    job that is already running is released by that job's deletion (its has_dependents)."""
+    previous = rws.enqueue("test.record", "chain 0")
+    for i in range(1, 20):
+        previous = rws.enqueue("test.record", f"chain {i}", after=[previous])
+    top = rws.enqueue("test.record", "top")
+    left = rws.enqueue("test.record", "left", after=[top])
+    right = rws.enqueue("test.record", "right", after=[top])
+    rws.enqueue("test.record", "join", after=[left, right])
+    rws.enqueue("test.enqueue_after_me", "late")
+    w = workers("--workers", "4", jobs={"POLL_INTERVAL": 30, "RECOVERY_INTERVAL": 3600})
+    wait_for(lambda: Job.objects.count() == 0, timeout=60, what="the chain, the diamond and the late job")
+    order = [r.payload for r in Run.objects.filter(kind="record").order_by("id")]
+    chain = [p for p in order if p.startswith("chain")]
+    assert chain == [f"chain {i}" for i in range(20)]
+    diamond = [p for p in order if p in ("top", "left", "right", "join")]
+    assert diamond[0] == "top" and diamond[-1] == "join"
+    assert "late" in order
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()[-3000:]

@@ -54,7 +54,7 @@ def settle(store: Any, ended: Iterable[tuple[Claimed, str]], now: int) -> int:
     "done", "dead", "cancelled"; others change nothing), then finish their batches where nothing
     is left. Returns how many batches finished. Jobs outside batches cost nothing here."""
     ended = list(ended)
-    _settle_dependents(store, ended)
+    resolved = _settle_dependents(store, ended)
     done: list[str] = []
     ended_as: dict[str, list[str]] = {"failed": [], "cancelled": []}
     touched: dict[str, bool] = {}  # batch id: whether a member of it died (for fail_fast)
@@ -69,7 +69,7 @@ def settle(store: Any, ended: Iterable[tuple[Claimed, str]], now: int) -> int:
             continue
         touched[job.batch_id] = touched.get(job.batch_id, False) or result == "dead"
     if not touched:
-        return 0
+        return resolved
     with store.writes, store.cursor() as c:
         for part in chunks(done):
             c.execute(f"DELETE FROM rws_batch_members WHERE job_id IN ({marks(len(part))})", list(part))
@@ -80,19 +80,21 @@ def settle(store: Any, ended: Iterable[tuple[Claimed, str]], now: int) -> int:
                     "AND outcome IS NULL",
                     [outcome, *part],
                 )
-    return sum(try_finish(store, batch_id, now, died) for batch_id, died in touched.items())
+    return resolved + sum(try_finish(store, batch_id, now, died) for batch_id, died in touched.items())
 
 
-def _settle_dependents(store: Any, ended: list[tuple[Claimed, str]]) -> None:
+def _settle_dependents(store: Any, ended: list[tuple[Claimed, str]]) -> int:
     """What waits for the jobs among ``ended`` (dependencies.py): a success resolves the
     dependents of a job that has any (its flag, as the claim or the deletion read it); a death
     or a cancel is looked up whatever the flag says (rare, and the flag may be older)."""
     succeeded = [job.id for job, result in ended if result == "done" and job.has_dependents]
     failed = [job.id for job, result in ended if result in ("dead", "cancelled")]
+    resolved = 0
     if succeeded:
-        dependencies.ended(store, succeeded, "succeeded")
+        resolved += dependencies.ended(store, succeeded, "succeeded")
     if failed:
-        dependencies.ended(store, failed, "failed")
+        resolved += dependencies.ended(store, failed, "failed")
+    return resolved
 
 
 def try_finish(

@@ -121,7 +121,7 @@ class Completer:
         keys = keys_of(job for job, _, _ in items)
         if keys:
             self._promote(deadline, keys)
-        settle_batches(self.db, deadline, self.shared.alias, ended)
+        settle_batches(self.db, deadline, self.shared, ended)
 
     def _promote(self, deadline: float, keys: list[str]) -> None:
         """Promote the next jobs of the keys whose slots this batch freed; one that fails is left
@@ -186,17 +186,26 @@ class Completer:
             return "lost"
 
 
-def settle_batches(db: Retry, deadline: float, alias: str, ended: list[tuple[Claimed, str]]) -> None:
-    """The members among ``ended``: their rows, and their batches' finish (batch_outcomes.py).
-    One that fails is logged and left to the keeper's sweep."""
-    if not any(job.batch_id is not None for job, _ in ended):
+def settle_batches(db: Retry, deadline: float, shared: Shared, ended: list[tuple[Claimed, str]]) -> None:
+    """The batch members among ``ended`` (their rows, their batches' finish) and what waits for
+    them (batch_outcomes.settle); the dispatcher is woken when a job was released or a callback
+    enqueued. One that fails is logged and left to the keeper's sweeps."""
+    if not any(
+        job.batch_id is not None
+        or (job.has_dependents and result == "done")
+        or result in ("dead", "cancelled")
+        for job, result in ended
+    ):
         return
     try:
-        db.until(
-            deadline, lambda c: settle(c.store(), ended, int(clock.now(alias))), "settling batch members"
+        changed = db.until(
+            deadline, lambda c: settle(c.store(), ended, int(clock.now(shared.alias))), "settling batches"
         )
     except Exception:
         logger.exception("could not record the batch outcomes of %d job(s); the sweep will", len(ended))
+        return
+    if changed:
+        shared.wake.set()
 
 
 def record_late_outcomes(shared: Shared) -> None:

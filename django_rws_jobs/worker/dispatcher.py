@@ -158,7 +158,7 @@ class Dispatcher:
             shared.counters.ended(finished, ended)
             shared.let_go(finished)
             settle_batches(
-                self.db, time.monotonic() + self.lease, shared.alias, list(zip(finished, ended, strict=True))
+                self.db, time.monotonic() + self.lease, shared, list(zip(finished, ended, strict=True))
             )
         if claimed:
             return self._hand_out(claimed)
