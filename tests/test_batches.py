@@ -176,12 +176,14 @@ def test_callbacks_keep_their_options_and_a_task_can_be_one():
     assert 3600 <= slow.next_run_at - slow.created_at <= 3601  # (due times round up to the second)
 
 
-def test_enqueue_many_in_a_batch_numbers_its_items_across_chunks_and_stores_the_chunks_before():
+def test_a_bad_item_in_b_enqueue_many_stores_nothing_of_the_call():
     with pytest.raises(TypeError, match=r"job #5: "):
         with rws.batch() as b:
+            b.enqueue("test.batch_member", "before")
             b.enqueue_many(iter([("test.batch_member", str(i)) for i in range(5)] + [42]), batch_size=2)
-    # The chunks before the bad item committed and were cancelled with the batch.
-    assert counts(b.id) == ("cancelled", None, 4, 0, 0, 4, 0)
+    # The call's rows rolled back; the member before it was cancelled with the batch.
+    assert counts(b.id) == ("cancelled", None, 1, 0, 0, 1, 0)
+    assert Job.objects.count() == 1
 
 
 def test_a_unique_job_already_live_is_not_made_a_member():

@@ -286,13 +286,14 @@ def check_items(jobs: Any) -> None:
 
 def enqueue_items(jobs: Iterable[Any], alias: str, batch_size: int, first: int = 0) -> list[str]:
     """enqueue_many's work, the items' numbers in errors counted from ``first``; the jobs join the
-    batch open in this context, if any."""
+    batch open in this context, if any. Only the ids and the unique items' rows are kept while
+    the rows stream to the database, so a generator of any length takes memory for its ids."""
     conn = connections[alias]
     member_of = _open_batch(alias)
-    rows: list[list[Any]] = []
+    ids: list[str] = []
+    uniques: dict[int, list[Any]] = {}  # index: the row of a unique item, inserted after the others
+    waits: dict[int, tuple[list[tuple[str, bool]], str]] = {}  # index: what the item waits for
     now = clock.now(alias)
-
-    waits: dict[int, tuple[list[tuple[str, bool]], str]] = {}  # row index: what it waits for
 
     def plain() -> Iterator[list[Any]]:
         """Validate the items one by one; yield the rows without a unique key."""
@@ -304,13 +305,15 @@ def enqueue_items(jobs: Iterable[Any], alias: str, batch_size: int, first: int =
             row[13] = member_of
             if deps is not None:
                 row[10] = "blocked"
-                waits[len(rows)] = deps
-            rows.append(row)
+                waits[len(ids)] = deps
+            if row[-1] is not None:
+                uniques[len(ids)] = row
+            ids.append(row[0])
             if row[-1] is None:
                 yield row
 
     def where() -> str:  # the item plain() yielded last
-        return f"job #{first + len(rows) - 1}"
+        return f"job #{first + len(ids) - 1}"
 
     with transaction.atomic(using=alias):
         with conn.cursor() as c:
@@ -319,14 +322,17 @@ def enqueue_items(jobs: Iterable[Any], alias: str, batch_size: int, first: int =
             # (test_enqueue_many_statements_are_seen_by_execute_wrappers_and_the_query_log).
             watched = bool(conn.execute_wrappers) or conn.queries_logged
             backend_for(conn).insert_many(c, plain(), batch_size, where, watched)
-        ids = [
-            r[0] if r[-1] is None else _insert_unique_checked(conn, alias, r, first + i)
-            for i, r in enumerate(rows)
-        ]
-        if member_of is not None:  # a unique job already live is not made a member
-            join(conn, member_of, [i for i, r in zip(ids, rows, strict=True) if i == r[0]])
+        taken = set()  # the unique items that returned another live job's id: neither member nor blocked
+        for index, row in uniques.items():
+            ids[index] = _insert_unique_checked(conn, alias, row, first + index)
+            if ids[index] != row[0]:
+                taken.add(index)
+        if member_of is not None:
+            join(
+                conn, member_of, [job_id for i, job_id in enumerate(ids) if i not in taken] if taken else ids
+            )
         for index, deps in waits.items():
-            if ids[index] == rows[index][0]:
+            if index not in taken:
                 dependencies.add(conn, ids[index], *deps)
         _wake_local_workers(alias)
     return ids

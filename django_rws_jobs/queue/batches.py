@@ -13,7 +13,6 @@ members. How the finish stays once per finish through crashes: batch_outcomes.py
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -175,18 +174,15 @@ class batch:  # noqa: N801  (a context manager used as a function: ``with batch(
         return enqueue(job_type, payload, **options)
 
     def enqueue_many(self, jobs: Iterable[Any], *, batch_size: int = 1000) -> list[str]:
-        """``enqueue_many`` into this batch, ``batch_size`` items per transaction, so that a
-        generator of any length is never held whole; the ids in order."""
+        """``enqueue_many`` into this batch (inside its block): the rows stream to the database
+        in one transaction, ``batch_size`` a statement, and only their ids are held, so that a
+        generator of any length takes memory for its ids alone; the ids in order."""
         from .api import check_items, enqueue_items
 
         self._inside()
         check_items(jobs)
         _int("batch_size", batch_size, 1, 10_000)
-        found: list[str] = []
-        items = iter(jobs)
-        while chunk := list(itertools.islice(items, batch_size)):
-            found += enqueue_items(chunk, self.alias, batch_size, first=len(found))
-        return found
+        return enqueue_items(jobs, self.alias, batch_size)
 
 
 def _finish_now(alias: str, batch_id: str) -> None:

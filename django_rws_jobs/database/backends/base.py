@@ -20,6 +20,9 @@ from .cursors import DriverCursor
 from .inserts import insert_multirow
 from .statements import Sql, Statements, band_order_key, one_queue
 
+#: Member rows per INSERT (two parameters each: within SQLite's 999 of old builds).
+MEMBERS_PER_INSERT = 400
+
 
 class Store(Protocol):
     """What a claim uses of the ``queue.store.Store`` that calls it. A protocol, so that this
@@ -169,6 +172,16 @@ class BaseBackend(Statements):
         """enqueue_many's rows through Django's cursor ``c``; ``watched`` while execute wrappers or
         the query log see the statements (each must then go through ``c``)."""
         insert_multirow(c, rows, batch_size, self.features.max_query_params)
+
+    def insert_members(self, c: Any, batch_id: str, job_ids: Sequence[str], watched: bool) -> None:
+        """A batch's member rows (queue/members.py), a few hundred a statement through ``c``."""
+        for start in range(0, len(job_ids), MEMBERS_PER_INSERT):
+            part = job_ids[start : start + MEMBERS_PER_INSERT]
+            c.execute(
+                "INSERT INTO rws_batch_members (job_id, batch_id) VALUES "
+                + ", ".join(["(%s, %s)"] * len(part)),
+                [v for job_id in part for v in (job_id, batch_id)],
+            )
 
     def check_insert_size(self, params: list[Any], what: str) -> None:
         """Refuse a job whose INSERT the server would refuse for its size (ValueError)."""

@@ -18,6 +18,9 @@ from .cursors import PLACEHOLDER, DriverCursor
 from .inserts import COPY_SQL
 from .statements import Sql, queue_filter
 
+#: A batch's member rows, streamed (queue/members.py).
+MEMBERS_COPY_SQL = "COPY rws_batch_members (job_id, batch_id) FROM STDIN"
+
 #: The SQLSTATE of a statement stopped by statement_timeout.
 QUERY_CANCELED = "57014"
 
@@ -295,6 +298,13 @@ class PostgreSQLBackend(BaseBackend):
             and not behind_transaction_pooler(conn.settings_dict)
             and conn.settings_dict.get("OPTIONS", {}).get("server_side_binding") is not False
         )
+
+    def insert_members(self, c: Any, batch_id: str, job_ids: Sequence[str], watched: bool) -> None:
+        if self.features.bulk_insert != "copy" or watched:
+            return super().insert_members(c, batch_id, job_ids, watched)
+        with self.conn.wrap_database_errors, c.cursor.copy(MEMBERS_COPY_SQL) as copy:
+            for job_id in job_ids:
+                copy.write_row((job_id, batch_id))
 
     def insert_many(
         self, c: Any, rows: Iterator[list[Any]], batch_size: int, where: Callable[[], str], watched: bool
