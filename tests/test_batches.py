@@ -323,3 +323,14 @@ def test_metadata_is_kept_within_its_setting():
         pass
     got = rws.get_batch(b.id)
     assert (got.metadata, got.description) == ({"k": 1}, "import 7")
+
+
+def test_a_django_task_enqueued_in_the_block_is_a_member():
+    from tests.testapp.tasks import whoami
+
+    with rws.batch(on_finish=cb("end")) as b:
+        result = whoami.enqueue()
+    assert Job.objects.get(id=result.id).batch_id == b.id
+    assert counts(b.id)[2] == 1
+    drain()
+    assert counts(b.id)[:2] == ("finished", "succeeded") and len(callbacks()) == 1

@@ -110,9 +110,12 @@ def _current_outcome(c: Any, dep: str, on_batch: bool) -> str | None:
     )
     if c.rowcount:
         return None
+    # (A driver that counts changed rows, not matched ones, says 0 for a flag set before.)
     c.execute("SELECT status FROM rws_jobs WHERE id = %s", [dep])
     row = c.fetchone()
-    return "succeeded" if row is None else "failed"
+    if row is None:
+        return "succeeded"
+    return None if row[0] in LIVE else "failed"
 
 
 def decide(edges: Iterable[tuple[str, str | None]]) -> str:
