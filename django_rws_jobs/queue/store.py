@@ -126,13 +126,12 @@ class Store:
         for job in jobs:
             by_token.setdefault(job.token, []).append(job.id)
         done: set[str] = set()
-        depended: set[str] = set()
+        depended: list[str] = []
         with self.writes, self.cursor() as c:
             for token, ids in by_token.items():
-                for job_id, has_dependents in self.backend.delete_finished(self, c, token, ids):
-                    done.add(job_id)
-                    if has_dependents:
-                        depended.add(job_id)
+                rows = self.backend.delete_finished(self, c, token, ids)
+                done.update(row[0] for row in rows)
+                depended += [row[0] for row in rows if row[1]]
         if depended:
             for job in jobs:
                 if job.id in depended:

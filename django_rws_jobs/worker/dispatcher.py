@@ -157,9 +157,9 @@ class Dispatcher:
             shared.stats.add(ended)
             shared.counters.ended(finished, ended)
             shared.let_go(finished)
-            settle_batches(
-                self.db, time.monotonic() + self.lease, shared, list(zip(finished, ended, strict=True))
-            )
+            if any(job.batch_id is not None or job.has_dependents for job in finished):  # (all succeeded)
+                pairs = list(zip(finished, ended, strict=True))
+                settle_batches(self.db, time.monotonic() + self.lease, shared, pairs)
         if claimed:
             return self._hand_out(claimed)
         if self.burst:

@@ -307,7 +307,7 @@ class BaseBackend(Statements):
         """Delete the finished jobs ``ids`` that ``token`` still holds; return those deleted, each
         with its ``has_dependents`` as the deletion found it (dependencies.py)."""
         store.execute(c, *self.complete_delete(ids, token).add(" RETURNING id, has_dependents"))
-        return [(row[0], row[1]) for row in c.fetchall()]
+        return c.fetchall()
 
     def rust_claim_marker_sql(self, marker: str) -> str:
         """``<marker><attempts>:<next_run_at>``, the lease given to a rust-web-server claim."""
