@@ -117,9 +117,7 @@ def some_activity() -> None:
     from django_rws_jobs.queue.store import Store
 
     now = int(time.time())
-    job = Claimed(
-        "id", "shop.send_receipt", "", "mailers", 0, 0, 3, now, now, None, None, None, None, None, None, "t"
-    )
+    job = Claimed("id", "shop.send_receipt", "", "mailers", 0, 0, 3, now, now, None, None, None, None, "t")
     counters = metrics.Counters()
     for minutes_ago in range(0, 24 * 60, 3):
         done = 20 + (minutes_ago * 7) % 40

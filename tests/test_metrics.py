@@ -26,7 +26,7 @@ TOKEN = "s3cret-token-for-tests"
 
 
 def job(queue="default", job_type="t.x", due=T - 5):
-    return Claimed("id", job_type, "", queue, 0, 0, 3, due, 0, None, None, None, None, None, None, "tok")
+    return Claimed("id", job_type, "", queue, 0, 0, 3, due, 0, None, None, None, None, "tok")
 
 
 def scrape(client, **headers):

@@ -233,8 +233,6 @@ def test_limits_shorter_than_the_watchdogs_own_steps_keep_the_books():
                 None,
                 None,
                 None,
-                None,
-                None,
                 "t#1",
             )
             try:

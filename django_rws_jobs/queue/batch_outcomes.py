@@ -52,29 +52,32 @@ def chunks(values: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
 def settle(store: Any, ended: Iterable[tuple[Claimed, str]], now: int) -> int:
     """Write what became of the members among ``ended`` (a job with what ``record`` returned:
     "done", "dead", "cancelled"; others change nothing), then finish their batches where nothing
-    is left. Returns how many batches finished. Jobs outside batches cost nothing here."""
+    is left, and resolve what waits for them. Returns how many batches finished plus how many
+    waiting jobs were released or cancelled (a worker wakes its dispatcher when any).
+
+    A success knows its batch from its deletion (``Claimed.batch_id``); a death or a cancel, rare,
+    is looked up in the member rows. Jobs that succeeded outside batches, with no dependents,
+    cost nothing here."""
     ended = list(ended)
     resolved = _settle_dependents(store, ended)
-    done: list[str] = []
-    ended_as: dict[str, list[str]] = {"failed": [], "cancelled": []}
-    touched: dict[str, bool] = {}  # batch id: whether a member of it died (for fail_fast)
-    for job, result in ended:
-        if job.batch_id is None:
-            continue
-        if result == "done":
-            done.append(job.id)
-        elif result in ("dead", "cancelled"):
-            ended_as["failed" if result == "dead" else "cancelled"].append(job.id)
-        else:
-            continue
-        touched[job.batch_id] = touched.get(job.batch_id, False) or result == "dead"
-    if not touched:
+    done = [job for job, result in ended if result == "done" and job.batch_id is not None]
+    ended_as = {
+        "failed": [job.id for job, result in ended if result == "dead"],
+        "cancelled": [job.id for job, result in ended if result == "cancelled"],
+    }
+    touched: dict[str, bool] = {job.batch_id: False for job in done if job.batch_id is not None}
+    if not done and not ended_as["failed"] and not ended_as["cancelled"]:
         return resolved
     with store.writes, store.cursor() as c:
-        for part in chunks(done):
+        for part in chunks([job.id for job in done]):
             c.execute(f"DELETE FROM rws_batch_members WHERE job_id IN ({marks(len(part))})", list(part))
         for outcome, job_ids in ended_as.items():
             for part in chunks(job_ids):
+                c.execute(
+                    f"SELECT batch_id FROM rws_batch_members WHERE job_id IN ({marks(len(part))})", list(part)
+                )
+                for (batch_id,) in c.fetchall():
+                    touched[batch_id] = touched.get(batch_id, False) or outcome == "failed"
                 c.execute(
                     f"UPDATE rws_batch_members SET outcome = %s WHERE job_id IN ({marks(len(part))}) "
                     "AND outcome IS NULL",
@@ -85,7 +88,7 @@ def settle(store: Any, ended: Iterable[tuple[Claimed, str]], now: int) -> int:
 
 def _settle_dependents(store: Any, ended: list[tuple[Claimed, str]]) -> int:
     """What waits for the jobs among ``ended`` (dependencies.py): a success resolves the
-    dependents of a job that has any (its flag, as the claim or the deletion read it); a death
+    dependents of a job that has any (its flag, as its deletion read it); a death
     or a cancel is looked up whatever the flag says (rare, and the flag may be older)."""
     succeeded = [job.id for job, result in ended if result == "done" and job.has_dependents]
     failed = [job.id for job, result in ended if result in ("dead", "cancelled")]

@@ -33,26 +33,33 @@ class JobContext:
     queue: str
     #: Which run this is: 1 on the first, 2 on the first retry, and so on.
     attempt: int
-    #: The id of the batch this job is a member of, or whose callback it is; else None.
-    batch_id: str | None = None
+
+    @property
+    def batch_id(self) -> str | None:
+        """The id of the batch this job is a member of, or whose callback it is; else None
+        (read from the job's row when asked: the claim does not carry it)."""
+        return self._batch_row()[0]
 
     @property
     def batch(self) -> Batch | None:
         """The batch (read now) this job is a member of, or whose callback it is; else None."""
-        if self.batch_id is None:
+        batch_id = self.batch_id
+        if batch_id is None:
             return None
         from .batches import get_batch
 
-        return get_batch(self.batch_id, using=_alias())
+        return get_batch(batch_id, using=_alias())
 
     @property
     def batch_event(self) -> str | None:
         """For a batch's callback, why it runs: "success", "failure" or "finish"; else None."""
-        if self.batch_id is None:
-            return None
+        return self._batch_row()[1]
+
+    def _batch_row(self) -> tuple[str | None, str | None]:
         from ..models import Job
 
-        return Job.objects.using(_alias()).filter(id=self.id).values_list("batch_event", flat=True).first()
+        row = Job.objects.using(_alias()).filter(id=self.id).values_list("batch_id", "batch_event").first()
+        return (None, None) if row is None else (row[0], row[1])
 
 
 def _alias() -> Any:
@@ -66,6 +73,4 @@ def current_job() -> JobContext | None:
     job = running.get()
     if job is None:
         return None
-    return JobContext(
-        id=job.id, job_type=job.job_type, queue=job.queue, attempt=job.attempts + 1, batch_id=job.batch_id
-    )
+    return JobContext(id=job.id, job_type=job.job_type, queue=job.queue, attempt=job.attempts + 1)

@@ -121,21 +121,21 @@ class Store:
 
     def complete_many(self, jobs: Sequence[Claimed]) -> set[str]:
         """Delete finished jobs in one statement per claim; return the ids this worker still held.
-        A job that got dependents while it ran has ``has_dependents`` set from its deleted row."""
+        Each job gets its ``batch_id`` and ``has_dependents`` as its deleted row had them."""
         by_token: dict[str, list[str]] = {}
         for job in jobs:
             by_token.setdefault(job.token, []).append(job.id)
         done: set[str] = set()
-        depended: list[str] = []
+        learnt: dict[str, tuple[Any, Any]] = {}
         with self.writes, self.cursor() as c:
             for token, ids in by_token.items():
                 rows = self.backend.delete_finished(self, c, token, ids)
                 done.update(row[0] for row in rows)
-                depended += [row[0] for row in rows if row[1]]
-        if depended:
+                learnt.update((row[0], (row[1], row[2])) for row in rows if row[1] is not None or row[2])
+        if learnt:
             for job in jobs:
-                if job.id in depended:
-                    job.has_dependents = True
+                if job.id in learnt:
+                    job.batch_id, job.has_dependents = learnt[job.id]
         return done
 
     # -- outcomes (each fenced on the claim's token) ---------------------------------------------

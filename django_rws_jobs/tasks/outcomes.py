@@ -112,12 +112,18 @@ def _succeed(store: Store, job: Claimed, outcome: TaskOutcome, after: dict[str, 
     """Delete the job row and write its result in one transaction: a result exists exactly when
     the fenced deletion applied (tests/test_tasks_worker.py::test_a_late_result_writes_nothing)."""
     with store.writes, store.atomic(), store.cursor() as c:
-        c.execute(
-            "DELETE FROM rws_jobs WHERE id = %s AND status = 'running' AND locked_by = %s",
-            [job.id, job.token],
-        )
-        if c.rowcount != 1:
-            return False
+        if store.features.can_return_deleted:  # with the batch and the dependents' flag
+            found = store.backend.delete_finished(store, c, job.token, [job.id])
+            if not found:
+                return False
+            job.batch_id, job.has_dependents = found[0][1], found[0][2]
+        else:  # (MySQL: the sweeps settle its batch and dependents)
+            c.execute(
+                "DELETE FROM rws_jobs WHERE id = %s AND status = 'running' AND locked_by = %s",
+                [job.id, job.token],
+            )
+            if c.rowcount != 1:
+                return False
         c.execute(f"{RESULT_INSERT} {RESULT_ROW}", _result_values(job, outcome, after))
     return True
 
@@ -134,11 +140,14 @@ def succeed_many(store: Store, pairs: list[tuple[Claimed, TaskOutcome]]) -> list
     for job, _o in pairs:
         by_token.setdefault(job.token, []).append(job.id)
     with store.writes, store.atomic(), store.cursor() as c:
-        deleted = [
-            i
+        found = [
+            row
             for token, ids in by_token.items()
-            for i, _ in store.backend.delete_finished(store, c, token, ids)
+            for row in store.backend.delete_finished(store, c, token, ids)
         ]
+        deleted = [row[0] for row in found]
+        for job_id, batch_id, has_dependents in found:  # for the batches' and dependents' bookkeeping
+            rows[job_id][0].batch_id, rows[job_id][0].has_dependents = batch_id, has_dependents
         if deleted:
             values = [_result_values(*rows[i]) for i in deleted]
             sql = f"{RESULT_INSERT} {', '.join([RESULT_ROW] * len(values))}"

@@ -191,9 +191,7 @@ def settle_batches(db: Retry, deadline: float, shared: Shared, ended: list[tuple
     them (batch_outcomes.settle); the dispatcher is woken when a job was released or a callback
     enqueued. One that fails is logged and left to the keeper's sweeps."""
     if not any(
-        job.batch_id is not None
-        or (job.has_dependents and result == "done")
-        or result in ("dead", "cancelled")
+        job.batch_id is not None or job.has_dependents or result in ("dead", "cancelled")
         for job, result in ended
     ):
         return

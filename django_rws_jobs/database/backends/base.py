@@ -303,10 +303,10 @@ class BaseBackend(Statements):
 
     # -- completions ------------------------------------------------------------------------------
 
-    def delete_finished(self, store: Store, c: Any, token: str, ids: list[str]) -> list[tuple[str, Any]]:
+    def delete_finished(self, store: Store, c: Any, token: str, ids: list[str]) -> list[tuple[str, Any, Any]]:
         """Delete the finished jobs ``ids`` that ``token`` still holds; return those deleted, each
-        with its ``has_dependents`` as the deletion found it (dependencies.py)."""
-        store.execute(c, *self.complete_delete(ids, token).add(" RETURNING id, has_dependents"))
+        as (id, batch_id, has_dependents), as the deletion found them (batches.py, dependencies.py)."""
+        store.execute(c, *self.complete_delete(ids, token).add(" RETURNING id, batch_id, has_dependents"))
         return c.fetchall()
 
     def rust_claim_marker_sql(self, marker: str) -> str:

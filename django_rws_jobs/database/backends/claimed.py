@@ -12,7 +12,7 @@ from ...models import CLAIM_ORDER, Job
 @dataclasses.dataclass
 class Claimed:
     """A job this worker holds, with the token that fences its outcome. The fields before
-    ``token`` are the claim's columns, in order (CLAIM_COLUMNS)."""
+    ``token`` are the claim's columns, in order (CLAIM_COLUMNS); those after it are learnt later."""
 
     id: str
     job_type: str
@@ -29,11 +29,12 @@ class Claimed:
     # Set when a cancel was asked while the job ran before and it came back to the queue without
     # it being carried out (the Rust crate's retry or its start-up reset): runner.asked_to_cancel.
     cancel_requested_at: int | None
-    # The batch this job is a member of, or whose callback it is (queue/batches.py).
-    batch_id: str | None
-    # Whether a job waits for this one (enqueue(after=)): its end resolves them at once.
-    has_dependents: bool | None
     token: str
+    # Not claim columns: the deletion of a finished job returns them (delete_finished), so a
+    # claim costs nothing more for them. The batch this job is a member of, or whose callback it
+    # is (queue/batches.py); whether a job waits for this one (queue/dependencies.py).
+    batch_id: str | None = None
+    has_dependents: bool | None = None
 
     @classmethod
     def from_row(cls, row: Sequence[Any], token: str) -> Claimed:
@@ -46,7 +47,7 @@ class Claimed:
     ) -> Claimed:
         """A claim that carries only what outcomes' bookkeeping reads (batch_outcomes.settle):
         for a job that ended outside a worker's claim (a cancel, the sweep)."""
-        return cls(job_id, "", "", "", 0, 0, 0, 0, 0, None, None, None, None, batch_id, has_dependents, "")
+        return cls(job_id, "", "", "", 0, 0, 0, 0, 0, None, None, None, None, "", batch_id, has_dependents)
 
     def as_job(self, **changes: Any) -> Job:
         fields = {k: v for k, v in self.__dict__.items() if k != "token"}
@@ -54,8 +55,9 @@ class Claimed:
         return Job(**fields)
 
 
-#: The columns a claim returns: Claimed's fields but the token, so ``Claimed(*row, token)`` reads them.
-CLAIM_COLUMNS = ", ".join(f.name for f in dataclasses.fields(Claimed) if f.name != "token")
+_FIELDS = [f.name for f in dataclasses.fields(Claimed)]
+#: The columns a claim returns: Claimed's fields before the token, so ``Claimed(*row, token)`` reads them.
+CLAIM_COLUMNS = ", ".join(_FIELDS[: _FIELDS.index("token")])
 
 
 def claim_order_key(job: Claimed) -> tuple[Any, ...]:

@@ -245,20 +245,20 @@ class MySQLBackend(BaseBackend):
             store.resume_until = time.monotonic() + RESUME_SECONDS  # from a claim that began at the start
         store.resume = (job.priority, job.next_run_at, job.created_at, job.id)
 
-    def delete_finished(self, store: Store, c: Any, token: str, ids: list[str]) -> list[tuple[str, Any]]:
+    def delete_finished(self, store: Store, c: Any, token: str, ids: list[str]) -> list[tuple[str, Any, Any]]:
         if self.features.can_return_deleted:
             return super().delete_finished(store, c, token, ids)
         # MySQL has no DELETE ... RETURNING: lock what is still ours, then delete it.
         held = (
-            f"SELECT id, has_dependents FROM rws_jobs WHERE status = 'running' AND locked_by = %s "
+            f"SELECT id, batch_id, has_dependents FROM rws_jobs WHERE status = 'running' AND locked_by = %s "
             f"AND id IN ({placeholders(len(ids))}) FOR UPDATE"
         )
         with store.atomic():
             c.execute(held, [token, *ids])
-            mine = [(row[0], row[1]) for row in c.fetchall()]
+            mine = list(c.fetchall())
             if mine:
                 c.execute(
-                    f"DELETE FROM rws_jobs WHERE id IN ({placeholders(len(mine))})", [i for i, _ in mine]
+                    f"DELETE FROM rws_jobs WHERE id IN ({placeholders(len(mine))})", [r[0] for r in mine]
                 )
         return mine
 
