@@ -134,7 +134,7 @@ class Job(models.Model):
     batch_id = models.CharField(max_length=64, null=True, blank=True)
     batch_event = models.CharField(max_length=16, null=True, blank=True)
     # Set once a job enqueued with after= waits for this one (dependencies.py): the worker that
-    # ends it resolves its dependents at once; the claim and the deletion return it.
+    # ends it resolves its dependents at once; the deletion of a finished job returns it.
     has_dependents = models.BooleanField(null=True, blank=True, editable=False)
 
     objects = JobQuerySet.as_manager()

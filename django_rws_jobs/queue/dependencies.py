@@ -10,7 +10,7 @@ and succeeds. A job whose row is gone has succeeded.
 Invariants (tests/test_dependencies.py):
 
 - Nothing polls. The worker that ends a job with dependents (``has_dependents``, set by the
-  enqueue that waits for it, returned by the claim and by the deletion) resolves them after its
+  enqueue that waits for it, returned by the deletion of a finished job) resolves them after its
   own commit (``batch_outcomes.settle``); a batch's finish resolves what waits for the batch.
 - An enqueue and an end that cross are caught by the enqueue looking again after its commit
   (``recheck``): either the end's writer sees the dependency row, or the recheck sees the end.
