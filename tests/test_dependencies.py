@@ -161,3 +161,12 @@ def test_a_unique_job_already_live_gets_no_dependencies():
     other = rws.enqueue("test.record", "o")
     assert rws.enqueue("test.record", "u", unique="k", after=[other]) == held
     assert status(held) == "pending" and Dependency.objects.count() == 0
+
+
+def test_a_member_cannot_wait_for_its_own_batch():
+    with rws.batch() as b:
+        with pytest.raises(ValueError, match="cannot wait for it"):
+            rws.enqueue("test.record", "x", after=[b])
+        with pytest.raises(ValueError, match="cannot wait for it"):
+            rws.enqueue_many([{"job_type": "test.record", "after": [b]}])
+    assert Job.objects.count() == 0 and rws.get_batch(b.id).state == "finished"

@@ -174,7 +174,14 @@ def _dependencies(after: Any, policy: Any) -> tuple[list[tuple[str, bool]], str]
             dependencies.policy(policy)  # an unknown one is named first
             raise TypeError(f"on_dependency_failure={policy!r} needs after=[...]")
         return None
-    return dependencies.targets(after, policy), policy
+    deps = dependencies.targets(after, policy)
+    inside = open_batch.get()
+    if inside is not None and (inside[0], True) in deps:
+        raise ValueError(
+            f"a job enqueued inside batch {inside[0]} cannot wait for it: "
+            "as a member, the batch would wait for it in turn"
+        )
+    return deps, policy
 
 
 def insert_prepared(
