@@ -141,6 +141,15 @@ NOT_NAMES = {
     ("rws_workers", "pool"): "a fixed vocabulary of lowercase words",
     ("rws_workers", "version"): "text for people",
     ("rws_workers", "running"): "JSON, read whole",
+    ("rws_jobs", "batch_event"): "a fixed vocabulary of lowercase words",
+    ("rws_batches", "description"): "text for people",
+    ("rws_batches", "metadata"): "JSON, read whole",
+    ("rws_batches", "callbacks"): "JSON, read whole",
+    ("rws_batches", "state"): "a fixed vocabulary of lowercase words",
+    ("rws_batches", "outcome"): "a fixed vocabulary of lowercase words",
+    ("rws_batch_members", "outcome"): "a fixed vocabulary of lowercase words",
+    ("rws_job_dependencies", "policy"): "a fixed vocabulary of lowercase words",
+    ("rws_job_dependencies", "outcome"): "a fixed vocabulary of lowercase words",
 }
 
 
