@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..database.backends.claimed import Claimed
-from ..database.backends.inserts import INSERT_SQL
+from ..database.backends.inserts import INSERT_SQL, batches
+from ..database.backends.statements import placeholders
 from ..flow.concurrency_keys import promote
 from . import dependencies, ids
 
@@ -38,15 +39,6 @@ SWEEP_LIMIT = 500
 FAIL_FAST_MESSAGE = "cancelled: another member of its batch (fail_fast) moved to the dead-letter list"
 #: Ids in one IN list.
 CHUNK = 500
-
-
-def marks(n: int) -> str:
-    return ", ".join(["%s"] * n)
-
-
-def chunks(values: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
-    for start in range(0, len(values), size):
-        yield values[start : start + size]
 
 
 def settle(store: Any, ended: Iterable[tuple[Claimed, str]], now: int) -> int:
@@ -69,17 +61,20 @@ def settle(store: Any, ended: Iterable[tuple[Claimed, str]], now: int) -> int:
     if not done and not ended_as["failed"] and not ended_as["cancelled"]:
         return resolved
     with store.writes, store.cursor() as c:
-        for part in chunks([job.id for job in done]):
-            c.execute(f"DELETE FROM rws_batch_members WHERE job_id IN ({marks(len(part))})", list(part))
+        for part in batches(iter([job.id for job in done]), CHUNK):
+            c.execute(
+                f"DELETE FROM rws_batch_members WHERE job_id IN ({placeholders(len(part))})", list(part)
+            )
         for outcome, job_ids in ended_as.items():
-            for part in chunks(job_ids):
+            for part in batches(iter(job_ids), CHUNK):
                 c.execute(
-                    f"SELECT batch_id FROM rws_batch_members WHERE job_id IN ({marks(len(part))})", list(part)
+                    f"SELECT batch_id FROM rws_batch_members WHERE job_id IN ({placeholders(len(part))})",
+                    list(part),
                 )
                 for (batch_id,) in c.fetchall():
                     touched[batch_id] = touched.get(batch_id, False) or outcome == "failed"
                 c.execute(
-                    f"UPDATE rws_batch_members SET outcome = %s WHERE job_id IN ({marks(len(part))}) "
+                    f"UPDATE rws_batch_members SET outcome = %s WHERE job_id IN ({placeholders(len(part))}) "
                     "AND outcome IS NULL",
                     [outcome, *part],
                 )
@@ -222,10 +217,11 @@ def reopen_members(store: Any, job_ids: Sequence[str]) -> int:
     written and the batch finishes again once they end. Call it in the retry's transaction."""
     reopened = 0
     with store.cursor() as c:
-        for part in chunks(list(job_ids)):
+        for part in batches(iter(job_ids), CHUNK):
             args = list(part)
+            marks = placeholders(len(part))
             c.execute(
-                f"SELECT DISTINCT batch_id FROM rws_batch_members WHERE job_id IN ({marks(len(part))}) "
+                f"SELECT DISTINCT batch_id FROM rws_batch_members WHERE job_id IN ({marks}) "
                 "AND outcome IS NOT NULL",
                 args,
             )
@@ -234,12 +230,12 @@ def reopen_members(store: Any, job_ids: Sequence[str]) -> int:
                 c.execute(
                     "UPDATE rws_batches SET generation = generation + 1, state = 'sealed', outcome = NULL, "
                     "finished_at = NULL WHERE state IN ('sealed', 'finished') "
-                    f"AND id IN ({marks(len(batch_ids))})",
+                    f"AND id IN ({placeholders(len(batch_ids))})",
                     batch_ids,
                 )
                 dependencies.reopen(store, batch_ids)
             c.execute(
-                f"UPDATE rws_batch_members SET outcome = NULL WHERE job_id IN ({marks(len(part))}) "
+                f"UPDATE rws_batch_members SET outcome = NULL WHERE job_id IN ({placeholders(len(part))}) "
                 "AND outcome IS NOT NULL",
                 args,
             )
@@ -305,9 +301,10 @@ def prune(store: Any, now: int, retention: float) -> int:
     if not old:
         return 0
     with store.writes, store.atomic(), store.cursor() as c:
-        c.execute(f"DELETE FROM rws_batch_members WHERE batch_id IN ({marks(len(old))})", old)
+        c.execute(f"DELETE FROM rws_batch_members WHERE batch_id IN ({placeholders(len(old))})", old)
+        marks = placeholders(len(old))
         c.execute(
-            f"DELETE FROM rws_batches WHERE id IN ({marks(len(old))}) AND state IN ('finished', 'cancelled')",
+            f"DELETE FROM rws_batches WHERE id IN ({marks}) AND state IN ('finished', 'cancelled')",
             old,
         )
         return int(c.rowcount)

@@ -27,6 +27,8 @@ from typing import Any
 from django.db import connections, transaction
 
 from ..database import clock
+from ..database.backends.inserts import batches
+from ..database.backends.statements import placeholders
 from ..database.validation import show
 from ..database.validation import text as _text
 
@@ -36,10 +38,6 @@ POLICIES = ("cancel", "run", "wait")
 #: The statuses of a job that has not ended.
 LIVE = ("pending", "running", "waiting", "blocked")
 CHUNK = 500
-
-
-def marks(n: int) -> str:
-    return ", ".join(["%s"] * n)
 
 
 def policy(value: Any) -> str:
@@ -105,7 +103,7 @@ def _current_outcome(c: Any, dep: str, on_batch: bool) -> str | None:
             return "failed"
         return row[1] if row[0] == "finished" else None
     c.execute(
-        f"UPDATE rws_jobs SET has_dependents = TRUE WHERE id = %s AND status IN ({marks(len(LIVE))})",
+        f"UPDATE rws_jobs SET has_dependents = TRUE WHERE id = %s AND status IN ({placeholders(len(LIVE))})",
         [dep, *LIVE],
     )
     if c.rowcount:
@@ -139,14 +137,14 @@ def _set_status(c: Any, job_ids: Sequence[str], status: str, now: int) -> int:
     if status == "cancelled":
         c.execute(
             "UPDATE rws_jobs SET status = 'cancelled', cancelled_at = %s, unique_hash = NULL, "
-            f"last_error = %s WHERE id IN ({marks(len(job_ids))}) AND status = 'blocked'",
+            f"last_error = %s WHERE id IN ({placeholders(len(job_ids))}) AND status = 'blocked'",
             [now, CANCELLED_ERROR, *job_ids],
         )
     else:
         c.execute(
             "UPDATE rws_jobs SET status = "
             "CASE WHEN concurrency_key IS NULL THEN 'pending' ELSE 'waiting' END "
-            f"WHERE id IN ({marks(len(job_ids))}) AND status = 'blocked'",
+            f"WHERE id IN ({placeholders(len(job_ids))}) AND status = 'blocked'",
             list(job_ids),
         )
     return int(c.rowcount)
@@ -172,21 +170,22 @@ def ended(store: Any, depends_on: Sequence[str], outcome: str) -> int:
     pending = [(list(depends_on), outcome)]
     while pending:
         ids, result = pending.pop()
-        for part in _chunks(ids):
+        for part in batches(iter(ids), CHUNK):
             with store.writes, store.cursor() as c:
+                marks = placeholders(len(part))
                 c.execute(
-                    f"UPDATE rws_job_dependencies SET outcome = %s WHERE depends_on IN ({marks(len(part))}) "
+                    f"UPDATE rws_job_dependencies SET outcome = %s WHERE depends_on IN ({marks}) "
                     "AND (outcome IS NULL OR outcome <> %s)",
                     [result, *part, result],
                 )
                 if not c.rowcount:
                     continue  # nothing waits for them (or this was written before: the sweep's)
                 if result == "succeeded":
-                    c.execute(RELEASE_SQL.format(marks(len(part))), list(part))
+                    c.execute(RELEASE_SQL.format(placeholders(len(part))), list(part))
                     changed += c.rowcount
                     continue
                 waiting_sql = "SELECT DISTINCT job_id FROM rws_job_dependencies WHERE depends_on IN ({})"
-                c.execute(waiting_sql.format(marks(len(part))), list(part))
+                c.execute(waiting_sql.format(placeholders(len(part))), list(part))
                 waiting = [row[0] for row in c.fetchall()]
             released, cancelled = resolve(store, waiting)
             changed += released + len(cancelled)
@@ -200,12 +199,12 @@ def resolve(store: Any, job_ids: Sequence[str]) -> tuple[int, list[str]]:
     the ids cancelled)."""
     released = 0
     cancelled: list[str] = []
-    for part in _chunks(list(dict.fromkeys(job_ids))):
+    for part in batches(iter(dict.fromkeys(job_ids)), CHUNK):
         edges: dict[str, list[tuple[str, str | None]]] = {}
         with store.cursor() as c:
             c.execute(
                 f"SELECT d.job_id, d.policy, d.outcome FROM rws_job_dependencies d JOIN rws_jobs j "
-                f"ON j.id = d.job_id WHERE d.job_id IN ({marks(len(part))}) AND j.status = 'blocked'",
+                f"ON j.id = d.job_id WHERE d.job_id IN ({placeholders(len(part))}) AND j.status = 'blocked'",
                 list(part),
             )
             for job_id, policy, outcome in c.fetchall():
@@ -257,7 +256,7 @@ def sweep(store: Any, now: int, only: Sequence[str] | None = None, limit: int = 
     """Set the outcomes that nobody wrote (a worker killed after its commit, a writer that knows
     no dependencies, an enqueue that crossed an end), then resolve the blocked jobs that have
     all they need. ``only``: just these jobs. Returns how many were released or cancelled."""
-    where = f" AND d.job_id IN ({marks(len(only))})" if only else ""
+    where = f" AND d.job_id IN ({placeholders(len(only))})" if only else ""
     args = list(only or ())
     with store.cursor() as c:
         c.execute(
@@ -294,7 +293,7 @@ def sweep(store: Any, now: int, only: Sequence[str] | None = None, limit: int = 
     with store.cursor() as c:
         c.execute(
             "SELECT j.id FROM rws_jobs j WHERE j.status = 'blocked'"
-            + (f" AND j.id IN ({marks(len(only))})" if only else "")
+            + (f" AND j.id IN ({placeholders(len(only))})" if only else "")
             + " AND NOT EXISTS (SELECT 1 FROM rws_job_dependencies d WHERE d.job_id = j.id AND "
             "(d.outcome IS NULL OR (d.outcome = 'failed' AND d.policy = 'wait'))) "
             f"LIMIT {int(limit)}",
@@ -314,14 +313,10 @@ def reopen(store: Any, job_ids: Sequence[str]) -> None:
     ``wait`` waits for the new attempt (its outcome is unknown again). Call it in the retry's
     transaction."""
     with store.cursor() as c:
-        for part in _chunks(list(job_ids)):
+        for part in batches(iter(job_ids), CHUNK):
+            marks = placeholders(len(part))
             c.execute(
-                f"UPDATE rws_job_dependencies SET outcome = NULL WHERE depends_on IN ({marks(len(part))}) "
+                f"UPDATE rws_job_dependencies SET outcome = NULL WHERE depends_on IN ({marks}) "
                 "AND outcome = 'failed' AND policy = 'wait'",
                 list(part),
             )
-
-
-def _chunks(values: Sequence[str]) -> Iterable[Sequence[str]]:
-    for start in range(0, len(values), CHUNK):
-        yield values[start : start + CHUNK]

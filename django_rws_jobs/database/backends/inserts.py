@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 #: The columns of one job's INSERT parameters (api.prepare), in order; unique_hash last.
 INSERT_COLUMNS = (
@@ -47,6 +49,7 @@ def insert_rows(c: Any, chunk: list[list[Any]]) -> None:
     c.execute(INSERT_HEAD + ", ".join([INSERT_VALUES] * len(chunk)), [v for row in chunk for v in row])
 
 
-def batches(rows: Iterator[list[Any]], size: int) -> Iterator[list[list[Any]]]:
+def batches(rows: Iterator[T], size: int) -> Iterator[list[T]]:
+    """``rows`` in lists of ``size`` (the last one shorter)."""
     while chunk := list(itertools.islice(rows, size)):
         yield chunk
