@@ -79,6 +79,10 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
         *_bounded("an integer number of bytes", 2, 16 * 2**20, integer=True),
     ),
     "BATCH_RETENTION": ("rws_jobs.E027", *_bounded(SECONDS, 0, 100 * YEAR)),
+    "OUTPUT_MAX_BYTES": (
+        "rws_jobs.E028",
+        *_bounded("an integer number of bytes", 2, 16 * 2**20, integer=True),
+    ),
     "POOLER": (
         "rws_jobs.E024",
         lambda v: v in (None, "transaction", "session"),

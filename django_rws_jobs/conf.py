@@ -62,6 +62,8 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_TOKEN": None,
     # The most bytes of JSON a batch's metadata (and a job's, enqueue(metadata=)) may take.
     "METADATA_MAX_BYTES": 65536,
+    # The most bytes of JSON a batch member may keep with current_job().record(value).
+    "OUTPUT_MAX_BYTES": 65536,
     # Seconds a finished or cancelled batch's row is kept (counts, outcome) before a worker prunes it.
     "BATCH_RETENTION": 7 * 86400,
 }

@@ -282,6 +282,26 @@ class BatchMember(models.Model):
         ]
 
 
+class BatchOutput(models.Model):
+    """One row of ``rws_batch_outputs``: what member ``job_id`` passed to
+    ``current_job().record(value)`` (JSON), the last attempt's; read by ``Batch.outputs()``."""
+
+    job_id = models.CharField(max_length=64, primary_key=True)
+    batch_id = models.CharField(max_length=64)
+    value = models.TextField()
+    recorded_at = models.BigIntegerField()
+
+    class Meta:
+        db_table = "rws_batch_outputs"
+        verbose_name = _("batch output")
+        verbose_name_plural = _("batch outputs")
+        default_permissions = ()
+        indexes = [
+            # Batch.outputs(): one batch's rows in job id order, a page at a time.
+            models.Index(fields=["batch_id", "job_id"], name="rws_batch_outputs_idx"),
+        ]
+
+
 class Dependency(models.Model):
     """One row of ``rws_job_dependencies``: job ``job_id`` waits for ``depends_on`` (a job, or a
     batch when ``on_batch``). ``outcome`` is NULL until that ends, then succeeded or failed;

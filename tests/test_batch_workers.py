@@ -115,3 +115,17 @@ def test_a_chain_a_diamond_and_a_late_dependent_run_through_a_worker_without_pol
     assert "late" in order
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0, w.output()[-3000:]
+
+
+@pytest.mark.parametrize("pool", ["threads", "processes"])
+def test_members_keep_outputs_from_worker_threads_and_child_processes(workers, pool):  # noqa: F811
+    """current_job().record() in a real worker, its handlers in threads or in child processes:
+    every member's output (a retried one's from its second attempt) comes back in order."""
+    asks = [{"value": i} for i in range(20)] + [{"value": "r", "per_attempt": True, "fail_first": True}]
+    with rws.batch() as b:
+        ids = b.enqueue_many([("test.batch_output", json.dumps(ask)) for ask in asks])
+    w = workers("--workers", "2", "--pool", pool, jobs=FAST)
+    wait_for(lambda: rws.get_batch(b.id).state == "finished", timeout=60, what="the batch to finish")
+    assert list(rws.get_batch(b.id).outputs()) == [*zip(ids, [*range(20), "r@2"], strict=True)]
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()[-3000:]

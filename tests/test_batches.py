@@ -12,9 +12,10 @@ from django.test import override_settings
 
 import django_rws_jobs as rws
 from django_rws_jobs.database.backends.claimed import Claimed
-from django_rws_jobs.models import BatchMember, BatchRecord, Job
-from django_rws_jobs.queue import batch_outcomes
+from django_rws_jobs.models import BatchMember, BatchOutput, BatchRecord, Job
+from django_rws_jobs.queue import batch_outcomes, outputs
 from django_rws_jobs.queue.batches import BatchClosed
+from django_rws_jobs.queue.context import output_text
 from django_rws_jobs.queue.store import Store
 from tests.conftest import drain
 from tests.testapp.models import Run
@@ -334,3 +335,90 @@ def test_a_django_task_enqueued_in_the_block_is_a_member():
     assert counts(b.id)[2] == 1
     drain()
     assert counts(b.id)[:2] == ("finished", "succeeded") and len(callbacks()) == 1
+
+
+def out(**ask) -> str:
+    return json.dumps(ask)
+
+
+def test_record_keeps_a_members_last_output():
+    """Outputs come back in the order the members were enqueued; a second record replaces the
+    first, a retry's replaces the failed attempt's, and a member that kept none has none."""
+    with rws.batch(on_finish=rws.call("test.batch_output", out(value="from the callback"))) as b:
+        first = b.enqueue("test.batch_output", out(value={"rows": 3}))
+        twice = b.enqueue("test.batch_output", out(value="second", twice=True))
+        b.enqueue("test.batch_member", "keeps none")
+        retried = b.enqueue("test.batch_output", out(value="try", per_attempt=True, fail_first=True))
+    drain()
+    Job.objects.filter(id=retried).update(next_run_at=0)  # its retry, due now
+    drain()
+    assert list(rws.get_batch(b.id).outputs()) == [
+        (first, {"rows": 3}),
+        (twice, "second"),
+        (retried, "try@2"),
+    ]
+    kept = [json.loads(r.payload)["kept"] for r in Run.objects.filter(kind="output").order_by("id")]
+    assert kept == [True, True, True, True, False]  # the last: the callback, which is no member
+
+
+def test_record_outside_a_batch_keeps_nothing():
+    rws.enqueue("test.batch_output", out(value=1))
+    drain()
+    assert [json.loads(r.payload)["kept"] for r in Run.objects.filter(kind="output")] == [False]
+    assert BatchOutput.objects.count() == 0
+
+
+def test_record_rolls_back_with_the_handlers_transaction():
+    with rws.batch() as b:
+        b.enqueue("test.batch_output", out(value="gone", rollback=True))
+    drain()
+    assert list(rws.get_batch(b.id).outputs()) == []
+
+
+def test_an_attempt_whose_claim_was_taken_keeps_no_output():
+    with rws.batch() as b:
+        b.enqueue("test.batch_output", out(value="stale", steal=True))
+    rws.tick()
+    assert [json.loads(r.payload)["kept"] for r in Run.objects.filter(kind="output")] == [False]
+    assert BatchOutput.objects.count() == 0
+
+
+@override_settings(RWS_JOBS={"OUTPUT_MAX_BYTES": 10})
+def test_record_refuses_a_value_too_big_or_not_json_and_the_job_fails_saying_so():
+    with pytest.raises(ValueError, match=r"record\(\): the value is 14 bytes of JSON; the limit is 10"):
+        output_text("a long value")
+    with pytest.raises(TypeError, match="record\\(\\) takes a JSON value, got"):
+        output_text({1, 2})
+    with pytest.raises(TypeError, match="JSON value"):
+        output_text(float("nan"))
+    with rws.batch() as b:
+        member = b.enqueue("test.batch_output", out(value="x" * 20), max_retries=0)
+    drain()
+    assert "the limit is 10 (OUTPUT_MAX_BYTES)" in Job.objects.get(id=member).last_error
+    assert BatchOutput.objects.count() == 0
+
+
+def test_outputs_are_read_a_page_at_a_time_in_enqueue_order():
+    with rws.batch() as b:
+        ids = b.enqueue_many([("test.batch_output", out(value=i)) for i in range(7)])
+    drain()
+    assert list(outputs.read("default", b.id, page=3)) == [(job_id, i) for i, job_id in enumerate(ids)]
+    assert list(outputs.read("default", b.id, page=7)) == [(job_id, i) for i, job_id in enumerate(ids)]
+    pages = iter(outputs.read("default", b.id, page=3))
+    assert next(pages) == (ids[0], 0)  # a generator: nothing more is read until asked
+    assert list(outputs.read("default", "no-such-batch")) == []
+
+
+def test_pruning_deletes_a_batchs_outputs_over_bounded_passes(monkeypatch):
+    with rws.batch() as b:
+        b.enqueue_many([("test.batch_output", out(value=i)) for i in range(5)])
+        b.enqueue("test.batch_member", "fail", max_retries=0)
+    drain()
+    assert BatchOutput.objects.count() == 5
+    monkeypatch.setattr(batch_outcomes, "PRUNE_ROWS", 2)
+    store = Store(connections["default"])
+    later = BatchRecord.objects.get(id=b.id).finished_at + 61
+    passes = [batch_outcomes.prune(store, later, 60) for _ in range(4)]
+    assert passes == [0, 0, 0, 1]  # 2 + 2 + (1 output and the member row), then the batch
+    assert BatchOutput.objects.count() == 0 and BatchMember.objects.count() == 0
+    assert rws.get_batch(b.id) is None

@@ -11,14 +11,6 @@ from django_rws_jobs.migrations import _exact
 COLUMNS = {"queuestart": ["queue"]}
 
 
-def forwards(apps, schema_editor):
-    _exact.alter_columns(apps, schema_editor, COLUMNS, True)
-
-
-def backwards(apps, schema_editor):
-    _exact.alter_columns(apps, schema_editor, COLUMNS, False)
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ("django_rws_jobs", "0015_exact_names"),
@@ -63,6 +55,5 @@ class Migration(migrations.Migration):
             name="rate_slots",
             field=models.IntegerField(db_default=0, default=0, help_text="the rate log's size"),
         ),
-        # Not atomic on MariaDB/MySQL, where Django refuses DDL inside a transaction (see 0015).
-        migrations.RunPython(forwards, backwards, atomic=False, elidable=False),
+        _exact.collate(COLUMNS),
     ]

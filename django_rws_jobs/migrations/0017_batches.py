@@ -10,14 +10,6 @@ from django_rws_jobs.migrations import _exact
 COLUMNS = {"job": ["batch_id"], "batchrecord": ["id"], "batchmember": ["job_id", "batch_id"]}
 
 
-def forwards(apps, schema_editor):
-    _exact.alter_columns(apps, schema_editor, COLUMNS, True)
-
-
-def backwards(apps, schema_editor):
-    _exact.alter_columns(apps, schema_editor, COLUMNS, False)
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ("django_rws_jobs", "0016_rate_log"),
@@ -88,6 +80,5 @@ class Migration(migrations.Migration):
                 "indexes": [models.Index(fields=["state", "finished_at"], name="rws_batches_state_idx")],
             },
         ),
-        # Not atomic on MariaDB/MySQL, where Django refuses DDL inside a transaction (see 0015).
-        migrations.RunPython(forwards, backwards, atomic=False, elidable=False),
+        _exact.collate(COLUMNS),
     ]

@@ -10,14 +10,6 @@ from django_rws_jobs.migrations import _exact
 COLUMNS = {"dependency": ["job_id", "depends_on"]}
 
 
-def forwards(apps, schema_editor):
-    _exact.alter_columns(apps, schema_editor, COLUMNS, True)
-
-
-def backwards(apps, schema_editor):
-    _exact.alter_columns(apps, schema_editor, COLUMNS, False)
-
-
 class Migration(migrations.Migration):
     dependencies = [
         ("django_rws_jobs", "0017_batches"),
@@ -69,6 +61,5 @@ class Migration(migrations.Migration):
                 "indexes": [models.Index(fields=["depends_on"], name="rws_job_dependencies_on_idx")],
             },
         ),
-        # Not atomic on MariaDB/MySQL, where Django refuses DDL inside a transaction (see 0015).
-        migrations.RunPython(forwards, backwards, atomic=False, elidable=False),
+        _exact.collate(COLUMNS),
     ]

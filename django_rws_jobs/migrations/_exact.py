@@ -26,3 +26,18 @@ def alter_columns(apps, schema_editor, columns: dict[str, list[str]], collate: b
         model = apps.get_model("django_rws_jobs", model_name)
         for name in names:
             alter(schema_editor, model, name, collate)
+
+
+def collate(columns: dict[str, list[str]]):
+    """The operation that gives ``columns`` (model name -> field names) the exact collation on
+    MariaDB/MySQL, and takes it back when the migration is unapplied. Not atomic: Django refuses
+    DDL inside a transaction there."""
+    from django.db import migrations
+
+    def forwards(apps, schema_editor):
+        alter_columns(apps, schema_editor, columns, True)
+
+    def backwards(apps, schema_editor):
+        alter_columns(apps, schema_editor, columns, False)
+
+    return migrations.RunPython(forwards, backwards, atomic=False, elidable=False)

@@ -286,11 +286,15 @@ def sweep(store: Any, now: int, limit: int = SWEEP_LIMIT) -> int:
 
 #: Batches pruned in one pass.
 PRUNE_BATCH = 100
+#: Member and output rows deleted in one pass: a batch's rows go over as many passes as they
+#: take, and its own row with the last of them.
+PRUNE_ROWS = 5000
 
 
 def prune(store: Any, now: int, retention: float) -> int:
     """Delete up to PRUNE_BATCH batches that finished or were cancelled more than ``retention``
-    seconds ago, with what is left of their member rows (the members' job rows stay)."""
+    seconds ago, with their member rows and outputs, at most PRUNE_ROWS of those a pass (the
+    members' job rows stay). Returns how many batches it deleted."""
     with store.cursor() as c:
         c.execute(
             "SELECT id FROM rws_batches WHERE state IN ('finished', 'cancelled') AND finished_at < %s "
@@ -300,8 +304,28 @@ def prune(store: Any, now: int, retention: float) -> int:
         old = [row[0] for row in c.fetchall()]
     if not old:
         return 0
+    budget = PRUNE_ROWS
+    for table in ("rws_batch_outputs", "rws_batch_members"):
+        with store.cursor() as c:
+            c.execute(
+                f"SELECT job_id FROM {table} WHERE batch_id IN ({placeholders(len(old))}) LIMIT {budget + 1}",
+                old,
+            )
+            rows = [row[0] for row in c.fetchall()]
+        with store.writes, store.atomic(), store.cursor() as c:
+            for part in batches(iter(rows[:budget]), CHUNK):
+                c.execute(
+                    f"DELETE FROM {table} WHERE job_id IN ({placeholders(len(part))}) AND EXISTS "
+                    f"(SELECT 1 FROM rws_batches b WHERE b.id = {table}.batch_id "
+                    "AND b.state IN ('finished', 'cancelled'))",
+                    list(part),
+                )
+        if len(rows) > budget:
+            return 0  # more of these batches' rows than a pass deletes: the next pass goes on
+        budget -= len(rows)
+        if budget <= 0:
+            return 0
     with store.writes, store.atomic(), store.cursor() as c:
-        c.execute(f"DELETE FROM rws_batch_members WHERE batch_id IN ({placeholders(len(old))})", old)
         marks = placeholders(len(old))
         c.execute(
             f"DELETE FROM rws_batches WHERE id IN ({marks}) AND state IN ('finished', 'cancelled')",

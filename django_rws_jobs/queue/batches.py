@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db import connections, transaction
@@ -30,7 +30,7 @@ from ..database.validation import show
 from ..database.validation import text as _text
 from ..exceptions import cancel_message
 from ..models import BatchMember, BatchRecord, BatchState, Job
-from . import dependencies, ids
+from . import dependencies, ids, outputs
 from .batch_outcomes import cancel_outstanding, try_finish
 from .members import BatchClosed, open_batch
 
@@ -256,6 +256,12 @@ class Batch:
         """The members that died (in the dead-letter list), as a queryset."""
         dead = BatchMember.objects.using(self.using).filter(batch_id=self.id, outcome="failed")
         return Job.objects.using(self.using).filter(id__in=dead.values("job_id"))
+
+    def outputs(self) -> Iterator[tuple[str, Any]]:
+        """``(job_id, value)`` for each member that kept an output with
+        ``current_job().record(value)``, in the order the members were enqueued; read a page at a
+        time as it is iterated, never loaded whole."""
+        return outputs.read(self.using, self.id)
 
     def jobs(self) -> QuerySet[Job]:
         """The members that have not succeeded (their rows), as a queryset."""

@@ -88,10 +88,10 @@ def _context() -> Any:
 class Child:
     """The parent's side of one child process."""
 
-    def __init__(self) -> None:
+    def __init__(self, alias: str) -> None:
         ctx = _context()
         self.conn, theirs = ctx.Pipe()
-        self.process = ctx.Process(target=serve, args=(theirs,), name="rws-child", daemon=True)
+        self.process = ctx.Process(target=serve, args=(theirs, alias), name="rws-child", daemon=True)
         self.process.start()
         theirs.close()
         self.jobs = 0  # jobs this child has run
@@ -176,15 +176,18 @@ def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def serve(conn: Connection) -> None:
-    """The child: run the jobs the parent sends until it sends None or goes away."""
+def serve(conn: Connection, alias: str) -> None:
+    """The child: run the jobs the parent sends until it sends None or goes away; ``alias`` is
+    the queue's database (current_job() reads and writes it)."""
     os.setpgrp()  # a Ctrl-C or a group-wide signal reaches the worker only, which decides
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _terminate)
     from django.db import connections  # (Django is set up: the fork server imported preload.py)
 
+    from ..queue.context import serving
     from ..queue.runner import describe, execute, watch
 
+    serving.set(alias)
     watch(_running.handlers)
     code = 0
     try:

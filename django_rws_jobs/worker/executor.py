@@ -11,6 +11,7 @@ from django.db import connections
 
 from ..conf import jobs_settings
 from ..exceptions import JobCancelled, cancel_message
+from ..queue.context import serving
 from ..queue.runner import (
     TRACEBACK_MAX,
     Cancelled,
@@ -59,6 +60,7 @@ class Executor:
     def loop(self) -> None:
         ident = threading.get_ident()
         watch(self.handlers)
+        serving.set(self.shared.alias)  # current_job()'s database in this thread's handlers
         self.shared.executors[ident] = self
         try:
             while self.run_once():

@@ -33,7 +33,8 @@ logger = logging.getLogger("django_rws_jobs")
 class Pool:
     """The worker's live children, and the limits that retire them."""
 
-    def __init__(self, *, grace: float, max_jobs: int | None, max_memory_mb: int | None):
+    def __init__(self, *, grace: float, max_jobs: int | None, max_memory_mb: int | None, alias: str):
+        self.alias = alias  # the queue's database, as current_job() in a child reads it
         self.grace = grace
         self.max_jobs = max_jobs
         self.max_memory_mb = max_memory_mb
@@ -58,7 +59,7 @@ class Pool:
         return self._new()
 
     def _new(self) -> Child:
-        child = Child()
+        child = Child(self.alias)
         with self.lock:
             self.children.add(child)
         return child
@@ -104,7 +105,7 @@ def failed(outcome: object) -> bool:
     return getattr(outcome, "error", None) is not None
 
 
-def make_pool(kind: str, max_jobs: int | None, max_memory_mb: int | None) -> Pool | None:
+def make_pool(kind: str, max_jobs: int | None, max_memory_mb: int | None, alias: str) -> Pool | None:
     """The process pool's settings (None for the thread pool), or ValueError naming what is wrong."""
     if kind not in ("threads", "processes"):
         raise ValueError(f"pool {kind!r} is not one of threads, processes")
@@ -118,6 +119,7 @@ def make_pool(kind: str, max_jobs: int | None, max_memory_mb: int | None) -> Poo
         max_memory_mb=None
         if max_memory_mb is None
         else integer("max_memory_per_child", max_memory_mb, 1, INT32_MAX),
+        alias=alias,
     )
 
 

@@ -118,7 +118,7 @@ class Worker:
         self.alias = queue_alias(using)
         self.features = backend_for(connections[self.alias]).features
         self.shared = Shared(self.alias, self.threads)
-        self.pool = make_pool(pool, max_jobs_per_child, max_memory_per_child)
+        self.pool = make_pool(pool, max_jobs_per_child, max_memory_per_child, self.alias)
         self.registration = Registration(worker_id(), self.queues, pool, self.threads, heartbeat_interval())
         self.heartbeat_file = heartbeat_file
         #: The pid of the process that started this one (rws_worker --processes): once it is gone

@@ -18,6 +18,7 @@ from ..queue import ids
 def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     """Claim one due job and run it in the calling thread. False when none is due."""
     from ..checks import require_valid_settings
+    from ..queue.context import serving as serving_alias
     from ..queue.runner import run_claimed
     from ..queue.store import Store
 
@@ -42,7 +43,11 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
         return False
     job = claimed[0]
     with _renewing(alias, job.token, lease):
-        run_claimed(store, job)
+        serves = serving_alias.set(alias)  # current_job()'s database
+        try:
+            run_claimed(store, job)
+        finally:
+            serving_alias.reset(serves)
     if job.concurrency_key is not None:  # its slot is free: the key's next job
         promote(store, [job.concurrency_key], int(clock.now(alias)))
     return True

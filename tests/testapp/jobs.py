@@ -347,6 +347,41 @@ def batch_member(payload: str) -> None:
         raise ValueError("member failed")
 
 
+@job("test.batch_output")
+def batch_output(payload: str) -> None:
+    """Keeps an output with current_job().record(); its payload (JSON) says what: "value" (with
+    the attempt appended when "per_attempt"), "fail_first" (fails its first attempt after
+    recording), "twice" (records a first value, then the real one), "rollback" (records inside a
+    transaction that rolls back), "steal" (its claim is taken before it records). Traces what
+    record() returned."""
+    from django.db import transaction
+
+    ask = json.loads(payload)
+    ctx = current_job()
+    value = ask.get("value")
+    if ask.get("per_attempt"):
+        value = f"{value}@{ctx.attempt}"
+    if ask.get("twice"):
+        ctx.record("first")
+    if ask.get("steal"):
+        from django_rws_jobs.models import Job
+
+        Job.objects.filter(id=ctx.id).update(locked_by="another-claim")
+    if ask.get("rollback"):
+        try:
+            with transaction.atomic():
+                ctx.record(value)
+                raise RuntimeError("roll back")
+        except RuntimeError:
+            pass
+        kept = None
+    else:
+        kept = ctx.record(value)
+    _trace("output", json.dumps({"job": ctx.id, "kept": kept}))
+    if ask.get("fail_first") and ctx.attempt == 1:
+        raise ValueError("first attempt fails")
+
+
 @job("test.enqueue_after_me")
 def enqueue_after_me(payload: str) -> None:
     """Enqueues a test.record job that waits for this one, while this one runs."""
