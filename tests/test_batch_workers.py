@@ -129,3 +129,15 @@ def test_members_keep_outputs_from_worker_threads_and_child_processes(workers, p
     assert list(rws.get_batch(b.id).outputs()) == [*zip(ids, [*range(20), "r@2"], strict=True)]
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0, w.output()[-3000:]
+
+
+def test_a_burst_worker_runs_a_whole_chain(workers):  # noqa: F811
+    """``rws_worker --burst`` over a chain of 30 jobs runs all 30 in order before it exits: it
+    does not take the moment between a job's end and its dependent's release for an empty queue."""
+    previous = rws.enqueue("test.record", "0")
+    for i in range(1, 30):
+        previous = rws.enqueue("test.record", str(i), after=[previous])
+    w = workers("--workers", "1", "--burst")
+    assert w.wait(60) == 0, w.output()[-3000:]
+    ran = [r.payload for r in Run.objects.filter(kind="record").order_by("id")]
+    assert ran == [str(i) for i in range(30)]

@@ -173,7 +173,8 @@ def ended(store: Any, depends_on: Sequence[str], outcome: str) -> int:
         for part in batches(iter(ids), CHUNK):
             with store.writes, store.cursor() as c:
                 marks = placeholders(len(part))
-                c.execute(
+                store.execute(  # (prepared where the worker's statements are: a chain's every step)
+                    c,
                     f"UPDATE rws_job_dependencies SET outcome = %s WHERE depends_on IN ({marks}) "
                     "AND (outcome IS NULL OR outcome <> %s)",
                     [result, *part, result],
@@ -181,7 +182,7 @@ def ended(store: Any, depends_on: Sequence[str], outcome: str) -> int:
                 if not c.rowcount:
                     continue  # nothing waits for them (or this was written before: the sweep's)
                 if result == "succeeded":
-                    c.execute(RELEASE_SQL.format(placeholders(len(part))), list(part))
+                    store.execute(c, RELEASE_SQL.format(marks), list(part))
                     changed += c.rowcount
                     continue
                 waiting_sql = "SELECT DISTINCT job_id FROM rws_job_dependencies WHERE depends_on IN ({})"

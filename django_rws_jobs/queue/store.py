@@ -130,8 +130,9 @@ class Store:
         with self.writes, self.cursor() as c:
             for token, ids in by_token.items():
                 rows = self.backend.delete_finished(self, c, token, ids)
-                done.update(row[0] for row in rows)
-                learnt.update((row[0], (row[1], row[2])) for row in rows if row[1] is not None or row[2])
+                # (list comprehensions: run inline, where a generator would resume once a row)
+                done.update([row[0] for row in rows])
+                learnt.update([(row[0], (row[1], row[2])) for row in rows if row[1] is not None or row[2]])
         if learnt:
             for job in jobs:
                 if job.id in learnt:

@@ -88,6 +88,16 @@ class Completer:
                 self.shared.counters.give_back(rows)
 
     def record(self, items: list[Outcome]) -> None:
+        """Record ``items``, then promote the keys whose slots they freed and settle their
+        batches and dependents. The jobs are held until all of that is written, so that a
+        ``--burst`` dispatcher never sees nothing due and nothing held while a job they release
+        is on its way (tests/test_batch_workers.py::test_a_burst_worker_runs_a_whole_chain)."""
+        try:
+            self._record(items)
+        finally:
+            self.shared.let_go([job for job, _, _ in items])
+
+    def _record(self, items: list[Outcome]) -> None:
         deadline = time.monotonic() + float(jobs_settings.LEASE_SECONDS)
         ended: list[tuple[Claimed, str]] = []
         try:
@@ -113,8 +123,6 @@ class Completer:
                 "another worker will run them again",
                 len(items),
             )
-        finally:
-            self.shared.let_go([job for job, _, _ in items])
         jobs, results = zip(*ended, strict=True) if ended else ((), ())
         self.shared.stats.add(results)
         self.shared.counters.ended(jobs, results)
@@ -134,7 +142,7 @@ class Completer:
             logger.exception("could not promote the waiting jobs of %d concurrency key(s)", len(keys))
             return
         if promoted:
-            self.shared.wake.set()  # this process's dispatcher may claim them at once
+            self.shared.due_now()  # this process's dispatcher may claim them at once
 
     def _record_others(self, deadline: float, items: list[Outcome]) -> list[tuple[Claimed, str]]:
         """Failures one by one; the rows of a row runner that records many at once (the
@@ -203,7 +211,7 @@ def settle_batches(db: Retry, deadline: float, shared: Shared, ended: list[tuple
         logger.exception("could not record the batch outcomes of %d job(s); the sweep will", len(ended))
         return
     if changed:
-        shared.wake.set()
+        shared.due_now()
 
 
 def record_late_outcomes(shared: Shared) -> None:

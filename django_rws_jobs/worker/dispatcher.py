@@ -157,7 +157,7 @@ class Dispatcher:
             shared.stats.add(ended)
             shared.counters.ended(finished, ended)
             shared.let_go(finished)
-            if any(job.batch_id is not None or job.has_dependents for job in finished):  # (all succeeded)
+            if any([job.batch_id is not None or job.has_dependents for job in finished]):  # (all succeeded)
                 pairs = list(zip(finished, ended, strict=True))
                 settle_batches(self.db, time.monotonic() + self.lease, shared, pairs)
         if claimed:

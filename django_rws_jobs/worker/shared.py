@@ -151,6 +151,13 @@ class Shared:
         # pool's executors (None: not measured): the dispatcher's gather window (dispatcher.py).
         self.recent_run: float | None = None
 
+    def due_now(self) -> None:
+        """Jobs became due by this process's doing (a release, a promotion, a callback): the
+        dispatcher claims now, whether it waits idle or in a burst's wait for running jobs."""
+        self.wake.set()
+        with self.cond:
+            self.cond.notify_all()
+
     def stop_all(self) -> None:
         self.stop.set()
         self.wake.set()
