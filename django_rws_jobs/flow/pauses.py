@@ -3,7 +3,8 @@
 
 A pause is a row of ``rws_queues`` with ``paused`` set, so it holds for every worker on every
 machine and survives restarts. Workers read the paused queues at most QueueFilter.REFRESH seconds
-apart (and at once when woken by a hint: a resume on PostgreSQL sends a NOTIFY), and claim only
+apart (and at once when woken by a hint: a resume on PostgreSQL sends a NOTIFY; and at each idle
+poll while a queue is paused, where MariaDB/MySQL send no hint), and claim only
 from queues that are not paused; running jobs finish. Invariant: a worker claims from a paused
 queue only within REFRESH seconds of the pause
 (tests/test_pauses.py::test_a_paused_queue_starts_nothing_while_others_run).

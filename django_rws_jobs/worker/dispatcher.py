@@ -170,7 +170,10 @@ class Dispatcher:
         # SQLite), claim straight away; after a plain poll interval, look with read-only
         # statements first.
         woken = self._idle_wait()
-        self.queues.recheck = woken  # a resume's hint: read the pauses before claiming
+        # A resume's hint (or, while a queue is paused, any idle poll: MariaDB/MySQL send no
+        # hint): read the pauses before claiming, so a resume takes effect within the poll
+        # interval (tests/test_pauses.py::test_a_paused_queue_starts_nothing_while_others_run).
+        self.queues.recheck = woken or bool(self.queues.paused)
         self.woken = woken
         return not woken
 
