@@ -40,6 +40,7 @@ __all__ = [
     "batch",
     "call",
     "get_batch",
+    "chain",
     "current_job",
     "JobContext",
     "JobTimeout",
@@ -214,6 +215,15 @@ def call(target: Any, *args: Any, **options: Any) -> Call:
     from .queue.batches import call as _call
 
     return _call(target, *args, **options)
+
+
+def chain(*steps: Any, on_dependency_failure: str = "cancel", using: str | None = None) -> list[str]:
+    """Enqueue jobs that run one step after another, in one transaction: each step a
+    ``call(...)`` or a list of them run side by side (``chain(call("a"), [call("b"),
+    call("c")], call("d"))``); a step that fails cancels the rest. The ids, in order."""
+    from .queue.chains import chain as _chain
+
+    return _chain(*steps, on_dependency_failure=on_dependency_failure, using=using)
 
 
 def get_batch(batch_id: str, *, using: str | None = None) -> Batch | None:

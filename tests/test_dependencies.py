@@ -170,3 +170,44 @@ def test_a_member_cannot_wait_for_its_own_batch():
         with pytest.raises(ValueError, match="cannot wait for it"):
             rws.enqueue_many([{"job_type": "test.record", "after": [b]}])
     assert Job.objects.count() == 0 and rws.get_batch(b.id).state == "finished"
+
+
+def test_chain_runs_steps_in_order_with_groups_side_by_side(runs):
+    from tests.testapp.tasks import whoami
+
+    ids = rws.chain(
+        rws.call("test.record", "a", priority=-5),
+        [rws.call("test.record", "b"), rws.call("test.record", "c", queue="other")],
+        rws.call(whoami),
+    )
+    assert len(ids) == 4 and [status(i) for i in ids] == ["pending", "blocked", "blocked", "blocked"]
+    assert {d.depends_on for d in Dependency.objects.filter(job_id=ids[3])} == {ids[1], ids[2]}
+    assert drain() == 4
+    order = [p for _, p in runs() if _ == "record"]
+    assert order[0] == "a" and sorted(order[1:3]) == ["b", "c"]
+    assert Job.objects.count() == 0
+
+
+def test_a_chain_step_that_dies_cancels_the_rest():
+    ids = rws.chain(
+        rws.call("test.fail", "x", max_retries=0), rws.call("test.record", "b"), rws.call("test.record", "c")
+    )
+    drain()
+    assert [status(i) for i in ids] == ["failed", "cancelled", "cancelled"]
+
+
+@pytest.mark.parametrize(
+    ("steps", "kwargs", "error"),
+    [
+        ((), {}, "needs at least one step"),
+        (("test.record",), {}, "step 1 must be a call"),
+        ((None,), {}, "step 1 must be a call"),
+        (("CALL", []), {}, "step 2 must be a call"),
+        (("CALL",), {"on_dependency_failure": "skip"}, "skip"),
+    ],
+)
+def test_chain_bad_input_is_a_clear_error_and_stores_nothing(steps, kwargs, error):
+    steps = tuple(rws.call("test.record", "a") if s == "CALL" else s for s in steps)
+    with pytest.raises((TypeError, ValueError), match=error):
+        rws.chain(*steps, **kwargs)
+    assert Job.objects.count() == 0

@@ -163,15 +163,22 @@ def callback_rows(
     rows = []
     for event in events:
         for stored in callbacks.get(event, ()):
-            params = list(stored)
-            delay = params[ROW_DUE] - params[ROW_CREATED]
-            params[ROW_ID] = ids.new_id()
-            params[ROW_CREATED] = now
-            params[ROW_DUE] = now + max(delay, 0)
+            params = fresh_row(stored, now)
             params[ROW_BATCH] = batch_id
             params[ROW_EVENT] = event
             rows.append(params)
     return rows
+
+
+def fresh_row(stored: Sequence[Any], now: int) -> list[Any]:
+    """A copy of INSERT parameters made earlier (a ``call()``), as enqueued at ``now``: a new id,
+    created now, due as long after now as it was after its making."""
+    params = list(stored)
+    delay = params[ROW_DUE] - params[ROW_CREATED]
+    params[ROW_ID] = ids.new_id()
+    params[ROW_CREATED] = now
+    params[ROW_DUE] = now + max(delay, 0)
+    return params
 
 
 def cancel_outstanding(store: Any, batch_id: str, now: int, error: str, by: str | None = None) -> int:

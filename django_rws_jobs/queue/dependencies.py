@@ -56,13 +56,14 @@ def targets(after: Any, policy_name: Any) -> list[tuple[str, bool]]:
         )
     if not after:
         raise ValueError("after must name at least one job or batch")
+    from .batches import Batch, batch  # (batches.py imports this module)
+
     found: dict[str, bool] = {}
     for item in after:
-        batch_id = getattr(item, "id", None) if not isinstance(item, str) else None
         if isinstance(item, str):
             found[_text("a job id in after", item, limit=64)] = False
-        elif isinstance(batch_id, str) and type(item).__name__ in ("Batch", "batch"):
-            found[batch_id] = True
+        elif isinstance(item, (Batch, batch)):
+            found[item.id] = True
         else:
             raise TypeError(f"after takes job ids (str) and batches, got {type(item).__name__} {show(item)}")
     return list(found.items())
