@@ -1,5 +1,6 @@
 import time
 
+from benchmarks.peerapps.stamps import stamp as write_stamp
 from django_rws_jobs import job
 
 
@@ -27,3 +28,8 @@ def cpu_work(iterations: int) -> int:
 @job("bench.cpu")
 def cpu(payload: str) -> None:
     cpu_work(int(payload))
+
+
+@job("bench.stamp")
+def stamp(payload: str) -> None:
+    write_stamp()

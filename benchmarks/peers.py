@@ -1,0 +1,215 @@
+"""The W1 drain beside the peers, in one run, their rounds alternating.
+
+    scripts/bench peers [sqlite|postgres ...] [--jobs 5000] [--repeat 3]
+
+W1: N no-op jobs enqueued one call each (each its own transaction), then one worker process
+with four-way concurrency drains them. The figure is the steady drain, (N - 1) / (the last job's
+start - the first's): every system's handler appends its start time to a file with one write(2)
+(peerapps/stamps.py), and nothing else. Beside ours (`rws_worker --workers 4`):
+
+- SQLite: Huey 3.5.4, SqliteHuey, `huey_consumer -w 4 -k thread`;
+- PostgreSQL: Oban for Python 0.7.0, `oban start --queues default:4` (asyncio, four at once).
+
+The peers run from .venv/peers (pyproject's `peers` extra), on the same machine and database
+server. Also reported: each worker's peak resident memory (VmHWM) and the enqueue rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PEERS_PY = ROOT / ".venv" / "peers" / "bin"
+STAMPS = Path("/tmp/rws-bench-stamps")
+HUEY_DB = Path("/tmp/rws-bench-huey.sqlite3")
+OBAN_DB = "rws_bench_oban"
+OBAN_DSN = f"postgresql://postgres@127.0.0.1:5432/{OBAN_DB}"
+TIMEOUT = 600.0
+ENQUEUE = "from benchmarks.peerapps import {app}; {app}.enqueue({n})"
+
+
+def read_stamps() -> list[float]:
+    try:
+        return [float(line) for line in STAMPS.read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def count_stamps() -> int:
+    try:
+        return STAMPS.read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def run_worker(argv: list[str], env: dict[str, str], n: int) -> tuple[float, float]:
+    """Start a worker, wait until it has started ``n`` jobs, stop it; (jobs/s, peak RSS MB)."""
+    from benchmarks.run import peak_rss_mb
+
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    rss = 0.0
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while count_stamps() < n:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{argv[0]} exited with {proc.returncode}: {proc.stderr.read()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{argv} did not drain {n} jobs in {TIMEOUT} s")
+            rss = max(rss, peak_rss_mb(proc.pid))
+            time.sleep(0.02)
+        rss = max(rss, peak_rss_mb(proc.pid))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    stamps = sorted(read_stamps())
+    if len(stamps) != n:
+        raise RuntimeError(f"{argv[0]}: {len(stamps)} jobs started, {n} enqueued")
+    return (n - 1) / (stamps[-1] - stamps[0]), rss
+
+
+def fresh_stamps() -> None:
+    STAMPS.unlink(missing_ok=True)
+
+
+def ours(db: str, n: int) -> tuple[float, float, float]:
+    """(drain jobs/s, worker RSS MB, enqueue jobs/s) of django-rws-jobs."""
+    from benchmarks.run import clear, env_for
+    from django_rws_jobs import enqueue
+
+    clear()
+    fresh_stamps()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        enqueue("bench.stamp")
+    rate = n / (time.perf_counter() - t0)
+    from django.db import connections
+
+    connections.close_all()
+    env = env_for(db, RWS_BENCH_STAMPS=str(STAMPS))
+    drain, rss = run_worker([sys.executable, "-m", "django", "rws_worker", "--workers", "4"], env, n)
+    return drain, rss, rate
+
+
+def peer_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "RWS_BENCH_STAMPS": str(STAMPS), **extra}
+
+
+def huey(n: int) -> tuple[float, float, float]:
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{HUEY_DB}{suffix}").unlink(missing_ok=True)
+    fresh_stamps()
+    env = peer_env(RWS_BENCH_HUEY_DB=str(HUEY_DB))
+    t0 = time.perf_counter()
+    subprocess.run(
+        [str(PEERS_PY / "python"), "-c", ENQUEUE.format(app="huey_app", n=n)],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
+    rate = n / (time.perf_counter() - t0)  # (includes the interpreter's start, a fraction of a second)
+    argv = [
+        str(PEERS_PY / "huey_consumer"),
+        "benchmarks.peerapps.huey_app.huey",
+        "-w",
+        "4",
+        "-k",
+        "thread",
+        "-q",
+    ]
+    drain, rss = run_worker(argv, env, n)
+    return drain, rss, rate
+
+
+def psql(sql: str, db: str = "postgres") -> None:
+    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", db, "-qc", sql], check=True)
+
+
+def oban(n: int, installed: list[bool]) -> tuple[float, float, float]:
+    env = peer_env(RWS_BENCH_OBAN_DSN=OBAN_DSN)
+    if not installed:
+        psql(f"DROP DATABASE IF EXISTS {OBAN_DB} WITH (FORCE)")
+        psql(f"CREATE DATABASE {OBAN_DB}")
+        subprocess.run([str(PEERS_PY / "oban"), "install", "--dsn", OBAN_DSN], cwd=ROOT, env=env, check=True)
+        installed.append(True)
+    psql("TRUNCATE oban_jobs", OBAN_DB)
+    fresh_stamps()
+    t0 = time.perf_counter()
+    subprocess.run(
+        [str(PEERS_PY / "python"), "-c", ENQUEUE.format(app="oban_app", n=n)],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
+    rate = n / (time.perf_counter() - t0)
+    argv = [
+        str(PEERS_PY / "oban"),
+        "start",
+        "--dsn",
+        OBAN_DSN,
+        "--queues",
+        "default:4",
+        "--log-level",
+        "warning",
+    ]
+    drain, rss = run_worker(argv, env, n)
+    return drain, rss, rate
+
+
+PEER = {"sqlite": "Huey 3.5.4", "postgres": "Oban 0.7.0"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("dbs", nargs="*", default=["sqlite", "postgres"], choices=["sqlite", "postgres"])
+    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    if len(args.dbs) > 1:  # one Django set-up per process: a child per database
+        for db in args.dbs:
+            argv = [sys.executable, __file__, db, "--jobs", str(args.jobs), "--repeat", str(args.repeat)]
+            subprocess.run(argv, check=True)
+        return
+    db = args.dbs[0]
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.run import reset_database, setup_django
+
+    setup_django(db)
+    reset_database(db)
+    results: dict[str, list[tuple[float, float, float]]] = {"ours": [], "peer": []}
+    installed: list[bool] = []
+    for _ in range(args.repeat):  # alternating, so that both meet the same hours of the machine
+        results["ours"].append(ours(db, args.jobs))
+        results["peer"].append(huey(args.jobs) if db == "sqlite" else oban(args.jobs, installed))
+    med = {k: [statistics.median(r[i] for r in v) for i in range(3)] for k, v in results.items()}
+    rounds = " / ".join(
+        f"{o[0]:,.0f} vs {p[0]:,.0f}" for o, p in zip(results["ours"], results["peer"], strict=True)
+    )
+    o, p = med["ours"], med["peer"]
+    print(
+        f"W1 on {db}, {args.jobs} jobs, medians of {args.repeat} alternating rounds\n\n"
+        "| database | ours (jobs/s) | best peer (jobs/s) | ratio | worker RSS MB, ours / peer "
+        "| enqueue jobs/s, ours / peer | rounds, ours vs peer |\n|---|---|---|---|---|---|---|\n"
+        f"| {db} | {o[0]:,.0f} | {PEER[db]} {p[0]:,.0f} | {o[0] / p[0]:.2f}x | {o[1]:.1f} / {p[1]:.1f} "
+        f"| {o[2]:,.0f} / {p[2]:,.0f} | {rounds} |",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
