@@ -248,7 +248,7 @@ def test_workers_page_and_cancelling_from_the_jobs_list(page, live_server):
 
 
 def test_batches_page_progress_and_actions(page, live_server):
-    """The Batches page: a batch's progress bar and counts, its callbacks and metadata; its dead
+    """The Batches page: a batch's progress bar and counts, its callbacks, outputs and metadata; its dead
     members through its page's link; a blocked job's page names what it waits for; the action
     that retries a batch's dead members."""
     with rws.batch(
@@ -257,8 +257,10 @@ def test_batches_page_progress_and_actions(page, live_server):
         description="import 7",
         metadata={"import": 7, "by": "ops"},
     ) as b:
-        for i in range(6):
-            b.enqueue("test.record", f"row {i}")
+        for i in range(6):  # two of them keep an output
+            b.enqueue("test.record", f"row {i}") if i > 1 else b.enqueue(
+                "test.batch_output", f'{{"value": {i}}}'
+            )
         dead = b.enqueue("test.fail", "row 6", max_retries=0)
         later = [b.enqueue("test.record", f"row {i}", run_in=3600) for i in (7, 8, 9)]
     while rws.tick():
@@ -273,6 +275,9 @@ def test_batches_page_progress_and_actions(page, live_server):
     page.wait_for_selector(".field-counts >> text=10 members: 6 succeeded, 1 failed, 0 cancelled, 3 pending")
     assert "on_failure: test.record" in page.locator(".field-callback_detail").inner_text()
     assert '"import": 7' in page.locator(".field-metadata_detail").inner_text()
+    assert page.locator(".field-outputs_detail").inner_text().split("\n")[-2:] == [
+        f"{job_id}: {value}" for job_id, value in rws.get_batch(b.id).outputs()
+    ]
     page.click(".field-members >> text=dead")
     page.wait_for_selector("#result_list")
     assert page.locator("#result_list tbody tr").count() == 1

@@ -3,6 +3,7 @@ retry its dead members."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -17,7 +18,8 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..database.connections import queue_alias
-from ..models import BatchRecord
+from ..models import BatchOutput, BatchRecord
+from ..queue import outputs
 from ..queue.batches import Batch, get_batch
 from .common import QueueDatabaseAdmin, ReadOnlyAdminMixin, links, pre, time_cell
 
@@ -25,6 +27,8 @@ from .common import QueueDatabaseAdmin, ReadOnlyAdminMixin, links, pre, time_cel
 CANCEL_PERMISSION = "django_rws_jobs.cancel_job"
 #: The permission retrying dead members needs: the dead-letter list's retry.
 RETRY_PERMISSION = "django_rws_jobs.change_failedjob"
+#: Outputs a batch's page shows.
+OUTPUTS_SHOWN = 20
 
 
 def _batch(obj: BatchRecord) -> Batch:
@@ -84,6 +88,7 @@ class BatchAdmin(ReadOnlyAdminMixin, QueueDatabaseAdmin):
         "counts",
         "members",
         "callback_detail",
+        "outputs_detail",
         "metadata_detail",
         "fail_fast",
         "generation",
@@ -142,6 +147,18 @@ class BatchAdmin(ReadOnlyAdminMixin, QueueDatabaseAdmin):
     def callback_detail(self, obj: BatchRecord) -> str:
         calls = _batch(obj).callbacks
         return "; ".join(f"on_{event}: {', '.join(types)}" for event, types in sorted(calls.items())) or "-"
+
+    @admin.display(description=_("outputs"))
+    def outputs_detail(self, obj: BatchRecord) -> SafeString | str:
+        """How many members kept an output (current_job().record), and the first OUTPUTS_SHOWN."""
+        alias = queue_alias()
+        kept = BatchOutput.objects.using(alias).filter(batch_id=obj.id).count()
+        if not kept:
+            return "-"
+        shown = itertools.islice(outputs.read(alias, obj.id, page=OUTPUTS_SHOWN), OUTPUTS_SHOWN)
+        lines = [f"{job_id}: {json.dumps(value, ensure_ascii=False)[:200]}" for job_id, value in shown]
+        more = [str(_("... and %(n)d more: Batch.outputs() reads them all") % {"n": kept - len(lines)})]
+        return pre("\n".join(lines + (more if kept > len(lines) else [])))
 
     @admin.display(description=_("metadata"))
     def metadata_detail(self, obj: BatchRecord) -> SafeString | str:
