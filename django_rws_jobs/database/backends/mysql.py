@@ -13,7 +13,7 @@ from django.db.models.expressions import RawSQL
 
 from .base import BaseBackend, BaseFeatures, Store, is_registered
 from .claimed import CLAIM_COLUMNS, Claimed, claim_order_key
-from .mysql_inserts import check_insert_size, insert_quoted, insert_sized, pipelines
+from .mysql_inserts import check_insert_size, insert_quoted, insert_sized, max_statement_bytes, pipelines
 from .statements import (
     CLAIM_INDEX,
     CLAIM_SET,
@@ -72,6 +72,10 @@ def sends_several(conn: Any) -> bool:
     the dj6:pymysql cell of scripts/test runs the MariaDB tests through PyMySQL).
     """
     return bool(getattr(conn.connection, "client_flag", 0) & CLIENT_MULTI_STATEMENTS)
+
+
+#: Member rows in one INSERT at most (insert_members).
+MEMBERS_PER_STATEMENT = 5000
 
 
 class MySQLBackend(BaseBackend):
@@ -175,6 +179,19 @@ class MySQLBackend(BaseBackend):
 
     def check_insert_size(self, params: list[Any], what: str) -> None:
         check_insert_size(self.conn, params, what)
+
+    def insert_members(self, c: Any, batch_id: str, job_ids: Sequence[str], watched: bool) -> None:
+        # A round trip per statement is most of the cost here: as many rows a statement as the
+        # server's packet takes, up to MEMBERS_PER_STATEMENT (ids are at most 64 characters).
+        per_row = 2 * (64 + 3) + 4
+        size = max(1, min(MEMBERS_PER_STATEMENT, (max_statement_bytes(self.conn) - 100) // per_row))
+        for start in range(0, len(job_ids), size):
+            part = job_ids[start : start + size]
+            c.execute(
+                "INSERT INTO rws_batch_members (job_id, batch_id) VALUES "
+                + ", ".join(["(%s, %s)"] * len(part)),
+                [v for job_id in part for v in (job_id, batch_id)],
+            )
 
     # -- the claim --------------------------------------------------------------------------------
 
