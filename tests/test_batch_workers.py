@@ -141,3 +141,21 @@ def test_a_burst_worker_runs_a_whole_chain(workers):  # noqa: F811
     assert w.wait(60) == 0, w.output()[-3000:]
     ran = [r.payload for r in Run.objects.filter(kind="record").order_by("id")]
     assert ran == [str(i) for i in range(30)]
+
+
+def test_a_chain_of_keyed_jobs_runs_without_polling(workers):  # noqa: F811
+    """Ten jobs, each after the one before and all with one concurrency key, on a worker whose
+    poll interval is 30 s: each released job is promoted and claimed at once, not at a poll or
+    a later sweep of the keys."""
+    previous = rws.enqueue("test.record", "0", concurrency_key="k")
+    for i in range(1, 10):
+        previous = rws.enqueue("test.record", str(i), after=[previous], concurrency_key="k")
+    w = workers("--workers", "1", jobs={"POLL_INTERVAL": 30})
+    w.started()
+    t0 = time.monotonic()
+    wait_for(lambda: Run.objects.filter(kind="record").count() == 10, timeout=60, what="the chain to run")
+    assert time.monotonic() - t0 < 5, "a step waited for a poll or a sweep of the keys"
+    ran = [r.payload for r in Run.objects.filter(kind="record").order_by("id")]
+    assert ran == [str(i) for i in range(10)]
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()[-3000:]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from django.db import connections, transaction
 from django.db.models import QuerySet
@@ -107,6 +107,9 @@ def metadata_text(value: Any, name: str = "metadata") -> str | None:
 
 class batch:  # noqa: N801  (a context manager used as a function: ``with batch(...) as b``)
     """``with batch(on_success=call(...), ...) as b:``: see the module's docstring."""
+
+    #: What ``enqueue(after=[...])`` takes for a batch (dependencies.targets).
+    is_rws_batch = True
 
     def __init__(
         self,
@@ -229,6 +232,9 @@ class Batch:
     finished_at: int | None
     callbacks: dict[str, list[str]]
     using: str
+
+    #: What ``enqueue(after=[...])`` takes for a batch (dependencies.targets).
+    is_rws_batch: ClassVar[bool] = True
 
     def cancel(self, *, by: str | None = None) -> bool:
         """Cancel an open or sealed batch: its pending members at once, running ones asked to

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
@@ -31,6 +31,10 @@ from ..database.backends.inserts import batches
 from ..database.backends.statements import placeholders
 from ..database.validation import show
 from ..database.validation import text as _text
+from ..flow.concurrency_keys import promote
+
+if TYPE_CHECKING:
+    from ..database.backends.claimed import Claimed
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -56,13 +60,11 @@ def targets(after: Any, policy_name: Any) -> list[tuple[str, bool]]:
         )
     if not after:
         raise ValueError("after must name at least one job or batch")
-    from .batches import Batch, batch  # (batches.py imports this module)
-
     found: dict[str, bool] = {}
     for item in after:
         if isinstance(item, str):
             found[_text("a job id in after", item, limit=64)] = False
-        elif isinstance(item, (Batch, batch)):
+        elif getattr(type(item), "is_rws_batch", False):  # batches.Batch or batches.batch
             found[item.id] = True
         else:
             raise TypeError(f"after takes job ids (str) and batches, got {type(item).__name__} {show(item)}")
@@ -322,3 +324,31 @@ def reopen(store: Any, job_ids: Sequence[str]) -> None:
                 "AND outcome = 'failed' AND policy = 'wait'",
                 list(part),
             )
+
+
+def release_in_claim(store: Any, finished: Sequence[Claimed], done: set[str], now: int) -> None:
+    """Release the jobs that wait for the succeeded ``done`` among ``finished``, and promote the
+    keys of those that went to waiting, in the transaction of ``store.finish_and_claim`` (its
+    ``release``), so that the claim after it takes them in the same turn: a chain's next step
+    starts without a round of its own (SQLite's deletes-with-claim;
+    tests/test_batch_workers.py::test_a_chain_of_keyed_jobs_runs_without_polling). Each job
+    released for is then marked as having no dependents left, so that batch_outcomes.settle
+    does not look again."""
+    succeeded = [job.id for job in finished if job.has_dependents and job.id in done]
+    if not succeeded:
+        return
+    if ended(store, succeeded, "succeeded"):
+        with store.cursor() as c:
+            c.execute(
+                "SELECT DISTINCT concurrency_key FROM rws_jobs WHERE status = 'waiting' "
+                "AND concurrency_key IS NOT NULL AND id IN (SELECT job_id FROM rws_job_dependencies "
+                f"WHERE depends_on IN ({placeholders(len(succeeded))}))",
+                succeeded,
+            )
+            keys = [row[0] for row in c.fetchall()]
+        if keys:
+            promote(store, keys, now, in_transaction=True)
+    released_for = set(succeeded)
+    for job in finished:
+        if job.id in released_for:
+            job.has_dependents = False

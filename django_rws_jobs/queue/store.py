@@ -7,7 +7,7 @@ Store holds what one connection's claims keep between calls.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -83,6 +83,7 @@ class Store:
         queues: Sequence[str] | None,
         limit: int,
         probe_first: bool = False,
+        release: Callable[[Store, Sequence[Claimed], set[str], int], None] | None = None,
     ) -> tuple[set[str], list[Claimed]]:
         """``complete_many(finished)``, then ``claim(...)``; returns (ids deleted, jobs claimed).
 
@@ -94,6 +95,8 @@ class Store:
             with self.writes, self.atomic():
                 done = self.complete_many(finished)
                 self.promote_freed(finished, done, now, in_transaction=True)
+                if release is not None:
+                    release(self, finished, done, now)
                 return done, self.claim(token, now, lease_until, queues, limit, probe_first)
         done = self.complete_many(finished) if finished else set()
         self.promote_freed(finished, done, now)

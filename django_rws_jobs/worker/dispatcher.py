@@ -13,6 +13,7 @@ from ..database.connections import is_transient
 from ..flow.concurrency_keys import KeySweep
 from ..flow.limited_claims import claim_limited_queues
 from ..flow.pauses import NONE_UNPAUSED, QueueFilter
+from ..queue.dependencies import release_in_claim
 from ..queue.ids import claim_token
 from ..queue.store import Claimed, Store
 from .completer import settle_batches
@@ -203,7 +204,7 @@ class Dispatcher:
             done, claimed = (store.complete_many(finished) if finished else set()), []
         else:
             done, claimed = store.finish_and_claim(
-                finished, token, now, lease_end, queues, n, probe_first=idle
+                finished, token, now, lease_end, queues, n, probe_first=idle, release=release_in_claim
             )
         self.held_back = False
         if serving.limited and len(claimed) < n:
