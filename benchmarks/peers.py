@@ -176,10 +176,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("dbs", nargs="*", default=["sqlite", "postgres"], choices=["sqlite", "postgres"])
+    parser.add_argument("dbs", nargs="*", metavar="sqlite|postgres", help="default: both")
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    args.dbs = args.dbs or ["sqlite", "postgres"]
+    if unknown := [db for db in args.dbs if db not in PEER]:
+        parser.error(f"unknown database(s) {', '.join(unknown)}: use sqlite or postgres")
     if len(args.dbs) > 1:  # one Django set-up per process: a child per database
         for db in args.dbs:
             argv = [sys.executable, __file__, db, "--jobs", str(args.jobs), "--repeat", str(args.repeat)]
