@@ -178,6 +178,13 @@ class Dispatcher:
         self.woken = woken
         return not woken
 
+    def _take_keys_hint(self) -> bool:
+        """Whether a due_now came since the last look (shared.due_now); reset before the sweep
+        it asks for, so that one coming during the sweep asks again."""
+        hinted = self.shared.keys_hint
+        self.shared.keys_hint = False
+        return hinted
+
     def _finish_and_claim(
         self, store: Store, finished: list[Claimed], token: str, now: int, lease_end: int, n: int, idle: bool
     ) -> tuple[set[str], list[Claimed]]:
@@ -189,13 +196,14 @@ class Dispatcher:
         # A --burst worker decides to stop on a sweep of every key, after a round that claimed
         # nothing. A hint that woke an idle worker may be a keyed job's enqueue: swept at once.
         self.swept = self.burst and idle
+        hinted = self._take_keys_hint()
         if self.swept:
             # Every key, then whether a job this worker serves waits for a running job's key.
             self.keys.sweep_all(store, now)
             own = serving.own
             served = None if own is None else [q for q in own if q not in serving.paused]
             self.key_blocked = self.keys.waiting and self.keys.blocked_in(store, now, served, serving.paused)
-        elif self.keys.stale() or self.woken:
+        elif self.keys.stale() or self.woken or hinted:
             self.keys.sweep(store, now)
         self.woken = False
         done: set[str]

@@ -150,10 +150,17 @@ class Shared:
         # Seconds a job takes from hand-out to outcome, a moving average kept by the process
         # pool's executors (None: not measured): the dispatcher's gather window (dispatcher.py).
         self.recent_run: float | None = None
+        # Set by due_now: the dispatcher's next look sweeps the concurrency keys.
+        self.keys_hint = False
 
     def due_now(self) -> None:
         """Jobs became due by this process's doing (a release, a promotion, a callback): the
-        dispatcher claims now, whether it waits idle or in a burst's wait for running jobs."""
+        dispatcher claims now, whether it waits idle or in a burst's wait for running jobs, and
+        sweeps the concurrency keys first (a released keyed job waits for its key's promotion).
+        ``keys_hint`` outlives the wake-up's Event, which a dispatcher clears as its look begins:
+        a hint that came just before the clear is still acted on
+        (tests/test_batch_workers.py::test_a_chain_of_keyed_jobs_runs_without_polling)."""
+        self.keys_hint = True
         self.wake.set()
         with self.cond:
             self.cond.notify_all()
