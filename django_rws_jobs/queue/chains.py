@@ -14,6 +14,7 @@ from django.db import transaction
 from ..database import clock
 from ..database.connections import queue_alias
 from ..database.validation import show
+from . import dependencies
 from .api import _dependencies, insert_prepared
 from .batch_outcomes import fresh_row
 from .batches import Call
@@ -35,7 +36,7 @@ def chain(*steps: Any, on_dependency_failure: str = "cancel", using: str | None 
             )
         groups.append(calls)
     alias = queue_alias(using)
-    _dependencies(["checked"], on_dependency_failure)  # the policy is checked before anything is stored
+    dependencies.policy(on_dependency_failure)  # checked before anything is stored
     now = int(clock.now(alias))
     job_ids: list[str] = []
     before: list[str] = []

@@ -174,14 +174,19 @@ class BaseBackend(Statements):
         insert_multirow(c, rows, batch_size, self.features.max_query_params)
 
     def insert_members(self, c: Any, batch_id: str, job_ids: Sequence[str], watched: bool) -> None:
-        """A batch's member rows (queue/members.py), a few hundred a statement through ``c``."""
-        for start in range(0, len(job_ids), MEMBERS_PER_INSERT):
-            part = job_ids[start : start + MEMBERS_PER_INSERT]
+        """A batch's member rows (queue/members.py), ``members_per_insert()`` a statement through ``c``."""
+        size = self.members_per_insert()
+        for start in range(0, len(job_ids), size):
+            part = job_ids[start : start + size]
             c.execute(
                 "INSERT INTO rws_batch_members (job_id, batch_id) VALUES "
                 + ", ".join(["(%s, %s)"] * len(part)),
                 [v for job_id in part for v in (job_id, batch_id)],
             )
+
+    def members_per_insert(self) -> int:
+        """Member rows in one INSERT (insert_members)."""
+        return MEMBERS_PER_INSERT
 
     def check_insert_size(self, params: list[Any], what: str) -> None:
         """Refuse a job whose INSERT the server would refuse for its size (ValueError)."""

@@ -180,18 +180,11 @@ class MySQLBackend(BaseBackend):
     def check_insert_size(self, params: list[Any], what: str) -> None:
         check_insert_size(self.conn, params, what)
 
-    def insert_members(self, c: Any, batch_id: str, job_ids: Sequence[str], watched: bool) -> None:
-        # A round trip per statement is most of the cost here: as many rows a statement as the
-        # server's packet takes, up to MEMBERS_PER_STATEMENT (ids are at most 64 characters).
+    def members_per_insert(self) -> int:
+        # As many rows a statement as the server's packet takes, up to MEMBERS_PER_STATEMENT
+        # (ids are at most 64 characters).
         per_row = 2 * (64 + 3) + 4
-        size = max(1, min(MEMBERS_PER_STATEMENT, (max_statement_bytes(self.conn) - 100) // per_row))
-        for start in range(0, len(job_ids), size):
-            part = job_ids[start : start + size]
-            c.execute(
-                "INSERT INTO rws_batch_members (job_id, batch_id) VALUES "
-                + ", ".join(["(%s, %s)"] * len(part)),
-                [v for job_id in part for v in (job_id, batch_id)],
-            )
+        return max(1, min(MEMBERS_PER_STATEMENT, (max_statement_bytes(self.conn) - 100) // per_row))
 
     # -- the claim --------------------------------------------------------------------------------
 
