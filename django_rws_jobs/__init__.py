@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .exceptions import JobCancelled, JobTimeout
 from .queue.context import JobContext, current_job
+from .queue.progress import Progress
 from .queue.registry import job, register
 
 if TYPE_CHECKING:
@@ -42,7 +43,9 @@ __all__ = [
     "get_batch",
     "chain",
     "current_job",
+    "get_progress",
     "JobContext",
+    "Progress",
     "JobTimeout",
     "JobCancelled",
 ]
@@ -62,6 +65,7 @@ def enqueue(
     concurrency_key: str | None = None,
     after: list[Any] | None = None,
     on_dependency_failure: str = "cancel",
+    metadata: dict[str, Any] | None = None,
     using: str | None = None,
 ) -> str:
     """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
@@ -71,6 +75,7 @@ def enqueue(
     ``concurrency_key``, at most the type's ``concurrency_limit`` (1 unless set) jobs with that
     key run at once, across every worker. With ``after=[job ids and batches]``, the job waits
     (blocked) until each has succeeded; ``on_dependency_failure``: "cancel", "run" or "wait".
+    ``metadata``: a dict (JSON) the job carries: ``Job.metadata``, ``current_job().metadata``.
     """
     from .queue.api import enqueue as _enqueue
 
@@ -87,6 +92,7 @@ def enqueue(
         concurrency_key=concurrency_key,
         after=after,
         on_dependency_failure=on_dependency_failure,
+        metadata=metadata,
         using=using,
     )
 
@@ -231,3 +237,11 @@ def get_batch(batch_id: str, *, using: str | None = None) -> Batch | None:
     from .queue.batches import get_batch as _get_batch
 
     return _get_batch(batch_id, using=using)
+
+
+def get_progress(job_id: str, *, using: str | None = None) -> Progress | None:
+    """The progress the job's handler last reported (``current_job().progress(...)``), or None
+    if it reported none or the job is gone (a job that succeeded is deleted)."""
+    from .queue.reports import get_progress as _get_progress
+
+    return _get_progress(job_id, using=using)

@@ -83,6 +83,7 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
         "rws_jobs.E028",
         *_bounded("an integer number of bytes", 2, 16 * 2**20, integer=True),
     ),
+    "MIDDLEWARE": ("rws_jobs.E029", lambda v: _middleware_paths(v), "a list of dotted paths to classes"),
     "POOLER": (
         "rws_jobs.E024",
         lambda v: v in (None, "transaction", "session"),
@@ -101,6 +102,18 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
         "a list of aliases in DATABASES",
     ),
 }
+
+
+def _middleware_paths(value: Any) -> bool:
+    """Whether ``value`` lists dotted paths that import as classes (queue/middleware.py)."""
+    from django.utils.module_loading import import_string
+
+    if not isinstance(value, (list, tuple)) or not all(isinstance(p, str) for p in value):
+        return False
+    try:
+        return all(isinstance(import_string(p), type) for p in value)
+    except ImportError:
+        return False
 
 
 def check_value(key: str, value: Any, name: str) -> Any:

@@ -66,6 +66,8 @@ DEFAULTS: dict[str, Any] = {
     "OUTPUT_MAX_BYTES": 65536,
     # Seconds a finished or cancelled batch's row is kept (counts, outcome) before a worker prunes it.
     "BATCH_RETENTION": 7 * 86400,
+    # Classes around enqueuing and running jobs, outermost first (queue/middleware.py).
+    "MIDDLEWARE": [],
 }
 
 

@@ -136,6 +136,14 @@ class Job(models.Model):
     # Set once a job enqueued with after= waits for this one (dependencies.py): the worker that
     # ends it resolves its dependents at once; the deletion of a finished job returns it.
     has_dependents = models.BooleanField(null=True, blank=True, editable=False)
+    # What the job carries and tells (queue/context.py): metadata from enqueue(metadata=), kept
+    # by save_metadata(); the last progress a handler reported and when (queue/reports.py). Both
+    # written while the job runs only by its claim's holder (fenced on locked_by).
+    metadata = models.JSONField(null=True, blank=True)
+    progress = models.TextField(
+        null=True, blank=True, editable=False, help_text=_("JSON: current, total, message")
+    )
+    progress_at = models.FloatField(null=True, blank=True, editable=False, help_text=_("unix seconds"))
 
     objects = JobQuerySet.as_manager()
 
@@ -381,6 +389,7 @@ class TaskResultRecord(models.Model):
     return_value = models.TextField(help_text=_("JSON"))
     history = models.TextField(help_text=_("JSON: errors, worker ids and times of the attempts"))
     finished_at = models.BigIntegerField(help_text=_("unix seconds"))
+    metadata = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "rws_task_results"

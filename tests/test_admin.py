@@ -751,3 +751,18 @@ def test_the_admin_index_links_to_the_queue_overview(client, django_user_model):
     client.force_login(nobody)
     assert "queueoverview" not in client.get("/admin/").content.decode()
     assert client.get("/admin/django_rws_jobs/queueoverview/").status_code == 403
+
+
+def test_a_jobs_progress_and_metadata_show_on_its_page_and_in_the_list(admin_client):
+    """A handler's progress (a bar where it gave a total) and the job's metadata, as JSON."""
+    job_id = rws.enqueue("test.report", '{"steps": 4, "fail": true}', metadata={"tenant": "acme <&>"})
+    assert rws.tick()  # fails, keeping its last progress and metadata
+    page = admin_client.get(reverse("admin:django_rws_jobs_job_change", args=[job_id])).content.decode()
+    assert re.search(r'<progress class="rws-progress" value="1000" max="1000" title="4 / 4 step 4">', page)
+    assert "100%" in page
+    assert "&quot;tenant&quot;: &quot;acme &lt;&amp;&gt;&quot;" in page  # escaped JSON
+    listing = admin_client.get(f"{JOBS}?status__exact=failed").content.decode()
+    assert 'title="4 / 4 step 4"' in listing
+    plain = rws.enqueue("test.record", "x")
+    page = admin_client.get(reverse("admin:django_rws_jobs_job_change", args=[plain])).content.decode()
+    assert "rws-progress" not in page

@@ -294,7 +294,8 @@ def _check(**schedules):
             "0 0 3 * * *",
             "rws_jobs.E104",
             "schedule 'x': must be a dict with 'cron' and 'job_type' (optional: payload, queue, priority, "
-            "max_retries, unique, concurrency_key) or with 'cron' and 'task' (optional: args, kwargs), "
+            "max_retries, unique, concurrency_key, metadata) or with 'cron' and 'task' "
+            "(optional: args, kwargs), "
             "got str '0 0 3 * * *'",
         ),
         ({"cron": "0 0 3 * * *"}, "rws_jobs.E104", "schedule 'x': needs 'job_type'"),
@@ -302,7 +303,7 @@ def _check(**schedules):
             {"cron": "0 0 3 * * *", "job_type": "test.record", "run_in": 5},
             "rws_jobs.E104",
             "schedule 'x': unknown key(s) 'run_in'; the keys are cron, job_type, payload, queue, priority, "
-            "max_retries, unique, concurrency_key (a task's: cron, task, args, kwargs)",
+            "max_retries, unique, concurrency_key, metadata (a task's: cron, task, args, kwargs)",
         ),
         (
             {"cron": "0 0 3 * * *", "job_type": "test.record", "payload": b"x"},
@@ -427,7 +428,8 @@ def test_a_bad_schedule_on_the_decorator_is_a_check_error_too(temp_jobs):
         (
             "rws_jobs.E104",
             "schedule 'tests.sched.shape': must be a dict with 'cron' and 'job_type' "
-            "(optional: payload, queue, priority, max_retries, unique, concurrency_key) or with 'cron' and "
+            "(optional: payload, queue, priority, max_retries, unique, concurrency_key, metadata) "
+            "or with 'cron' and "
             "'task' (optional: args, kwargs), got int 42",
         ),
     ]

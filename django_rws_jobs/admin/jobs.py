@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, cast
 
 from django.contrib import admin, messages
@@ -20,6 +21,7 @@ from ..database.connections import queue_alias
 from ..models import Dependency, Job, JobQuerySet, Status
 from ..operations import humanize
 from ..queue.cancellation import cancel
+from ..queue.progress import parse_progress
 from ..queue.registry import registry, time_limit
 from . import overview
 from .common import (
@@ -240,6 +242,40 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
             )
         return format_html("<ul>{}</ul>", format_html_join("", "{}", ((i,) for i in items)))
 
+    @admin.display(description=_("progress"))
+    def progress_bar(self, obj: Job) -> SafeString | str:
+        """The handler's last report (current_job().progress): a bar where it gave a total."""
+        if obj.progress is None:
+            return "-"
+        report = parse_progress(obj.progress, obj.progress_at)
+        label = f"{report.current:g}" if report.total is None else f"{report.current:g} / {report.total:g}"
+        if report.message:
+            label += f" {report.message}"
+        fraction = report.fraction
+        if fraction is None:
+            return label
+        return format_html(
+            '<span style="white-space: nowrap"><progress class="rws-progress" value="{}" max="1000" '
+            'title="{}"></progress> {}%</span> {}',
+            int(fraction * 1000),
+            label,
+            int(fraction * 100),
+            label,
+        )
+
+    @admin.display(description=_("progress"))
+    def progress_detail(self, obj: Job) -> SafeString | str:
+        bar = self.progress_bar(obj)
+        if obj.progress_at is None:
+            return bar
+        return format_html("{} ({})", bar, _time_detail(int(obj.progress_at)))
+
+    @admin.display(description=_("metadata"))
+    def metadata_detail(self, obj: Job) -> SafeString | str:
+        if obj.metadata is None:
+            return "-"
+        return pre(json.dumps(obj.metadata, indent=2, ensure_ascii=False))
+
     @admin.display(description=_("payload"))
     def payload_detail(self, obj: Job) -> SafeString | str:
         return pre(obj.payload)
@@ -268,10 +304,12 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
                     "dependency_detail",
                     "cancel_detail",
                     "runs",
+                    "progress_detail",
                     "timeout_detail",
                 )
             },
         ),
+        (_("Metadata"), {"fields": ("metadata_detail",)}),
         (_("Times"), {"fields": ("due_detail", "created_detail", "started_detail", "failed_detail")}),
         (_("Payload"), {"fields": ("payload_detail",)}),
         (_("Error"), {"fields": ("error_detail", "traceback_detail")}),
@@ -294,7 +332,7 @@ CANCEL_MAX = 10_000
 class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
     """Every job, view only: jobs change through the queue's API, the worker and the dead-letter list."""
 
-    list_display = ("id", "job_type", "status", "queue", "runs", "due", "created", "error")
+    list_display = ("id", "job_type", "status", "queue", "runs", "progress_bar", "due", "created", "error")
     list_filter = ("status", DueFilter, QueueFilter, JobTypeFilter, BatchIdFilter)
     # Failed, then pending by due time (the oldest due first), then running: the order of the
     # due index (status, next_run_at, priority), so that a page of a million-row list reads a

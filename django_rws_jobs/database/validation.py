@@ -8,6 +8,7 @@ checks ``@job`` options with these too.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import re
 from collections.abc import Iterable
@@ -184,3 +185,18 @@ def _delay(run_in: Any) -> float:
     if not math.isfinite(seconds) or seconds < 0:
         raise ValueError(f"run_in {show(run_in)} must be a finite, non-negative delay")
     return seconds
+
+
+def json_dict(name: str, value: Any, limit: int, setting: str) -> str:
+    """``value``, a dict JSON can hold, as compact JSON text of at most ``limit`` bytes (the
+    ``setting`` that sets it is named in the error)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a dict, got {type(value).__name__} {show(value)}")
+    try:
+        dumped = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"{name} must be JSON: {exc}") from None
+    size = len(dumped.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise ValueError(f"{name} is {size} bytes of JSON; the limit is {limit} ({setting})")
+    return text(name, dumped)

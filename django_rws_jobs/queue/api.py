@@ -33,8 +33,9 @@ from ..database.validation import only_known as _only_known
 from ..database.validation import text as _text
 from ..database.validation import timeout as _timeout
 from ..models import Job, Status
-from . import dependencies, ids
+from . import dependencies, ids, middleware
 from .members import join, open_batch
+from .metadata import metadata_text
 from .registry import registry
 
 logger = logging.getLogger("django_rws_jobs")
@@ -53,6 +54,7 @@ ITEM_KEYS = (
     "concurrency_key",
     "after",
     "on_dependency_failure",
+    "metadata",
 )
 
 
@@ -73,6 +75,7 @@ def prepare(
     timeout: Any = None,
     concurrency_key: Any = None,
     concurrency_limit: Any = None,
+    metadata: Any = None,
     now: float | None = None,
 ) -> list[Any]:
     """Validate one job's arguments and return its INSERT parameters (the id included).
@@ -118,6 +121,7 @@ def prepare(
         limit,
         None,  # batch_id: set where a batch takes the job (batches.py)
         None,  # batch_event
+        None if metadata is None else metadata_text(metadata),
         unique_hash(job_type, unique) if unique is not None else None,
     ]
 
@@ -136,6 +140,7 @@ def enqueue(
     concurrency_key: str | None = None,
     after: list[Any] | None = None,
     on_dependency_failure: str = "cancel",
+    metadata: dict[str, Any] | None = None,
     using: str | None = None,
 ) -> str:
     """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
@@ -148,23 +153,43 @@ def enqueue(
     With ``after=[job ids and batches]`` the job is stored blocked and runs once each of them has
     succeeded; ``on_dependency_failure`` says what a failure of one does: "cancel" this job (and
     what waits on it), "run" it anyway, or "wait" until the failed one is retried and succeeds.
+    ``metadata``: a dict (JSON, at most METADATA_MAX_BYTES of it) the job carries: ``Job.metadata``,
+    and ``current_job().metadata`` in its handler.
     """
     alias = queue_alias(using)
     deps = _dependencies(after, on_dependency_failure)
-    params = prepare(
-        job_type,
-        payload,
-        queue=queue,
-        priority=priority,
-        run_at=run_at,
-        run_in=run_in,
-        unique=unique,
-        max_retries=max_retries,
-        timeout=timeout,
-        concurrency_key=concurrency_key,
-        now=clock.now(alias),
-    )
-    return insert_prepared(alias, params, deps)
+
+    def store(metadata: Any) -> str:
+        params = prepare(
+            job_type,
+            payload,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            run_in=run_in,
+            unique=unique,
+            max_retries=max_retries,
+            timeout=timeout,
+            concurrency_key=concurrency_key,
+            metadata=metadata,
+            now=clock.now(alias),
+        )
+        return insert_prepared(alias, params, deps)
+
+    enqueuers = middleware.chains()[0]
+    if not enqueuers:
+        return store(metadata)
+    if metadata is not None:
+        metadata_text(metadata)  # a bad one is refused before any middleware sees it
+    spec = registry.get(job_type) if isinstance(job_type, str) else None
+    named = queue if queue is not None else (spec.options.get("queue", "default") if spec else "default")
+    job = middleware.Enqueue(job_type, named, dict(metadata or {}), False, alias)
+
+    def call_next() -> str:
+        job.ids = [store(job.metadata or None)]
+        return job.ids[0]
+
+    return middleware.around(enqueuers, job, call_next)
 
 
 def _dependencies(after: Any, policy: Any) -> tuple[list[tuple[str, bool]], str] | None:
@@ -282,7 +307,8 @@ def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: i
     """
     check_items(jobs)
     _int("batch_size", batch_size, 1, 10_000)
-    return enqueue_items(jobs, queue_alias(using), batch_size)
+    alias = queue_alias(using)
+    return middleware.many(alias, lambda extra: enqueue_items(jobs, alias, batch_size, extra=extra))
 
 
 def check_items(jobs: Any) -> None:
@@ -291,10 +317,13 @@ def check_items(jobs: Any) -> None:
         raise TypeError(f"jobs must be a list of jobs, got {type(jobs).__name__} {show(jobs)}")
 
 
-def enqueue_items(jobs: Iterable[Any], alias: str, batch_size: int, first: int = 0) -> list[str]:
+def enqueue_items(
+    jobs: Iterable[Any], alias: str, batch_size: int, first: int = 0, extra: dict[str, Any] | None = None
+) -> list[str]:
     """enqueue_many's work, the items' numbers in errors counted from ``first``; the jobs join the
     batch open in this context, if any. Only the ids and the unique items' rows are kept while
-    the rows stream to the database, so a generator of any length takes memory for its ids."""
+    the rows stream to the database, so a generator of any length takes memory for its ids.
+    ``extra``: metadata (a middleware's) stored with each job, under the item's own keys."""
     conn = connections[alias]
     member_of = _open_batch(alias)
     ids: list[str] = []
@@ -310,6 +339,11 @@ def enqueue_items(jobs: Iterable[Any], alias: str, batch_size: int, first: int =
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"job #{index}: {exc}") from None
             row[13] = member_of
+            if extra:
+                try:
+                    row[15] = middleware.merged(row[15], extra)
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"job #{index}: {exc}") from None
             if deps is not None:
                 row[10] = "blocked"
                 waits[len(ids)] = deps

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..database.backends.claimed import Claimed
-from ..database.backends.inserts import INSERT_SQL, batches
+from ..database.backends.inserts import INSERT_COLUMNS, INSERT_SQL, batches
 from ..database.backends.statements import placeholders
 from ..flow.concurrency_keys import promote
 from . import dependencies, ids
@@ -32,7 +32,10 @@ from . import dependencies, ids
 logger = logging.getLogger("django_rws_jobs")
 
 #: A callback's row: the parameters ``api.prepare`` makes, where these are filled at the finish.
-ROW_ID, ROW_DUE, ROW_CREATED, ROW_KEY, ROW_BATCH, ROW_EVENT = 0, 4, 5, 11, 13, 14
+ROW_ID, ROW_DUE, ROW_CREATED, ROW_KEY, ROW_BATCH, ROW_EVENT, ROW_METADATA = 0, 4, 5, 11, 13, 14, 15
+#: How many INSERT parameters a row has (inserts.INSERT_COLUMNS); a call() stored before the
+#: metadata column (migration 0020) has one fewer, and gets None for it.
+ROW_LENGTH = len(INSERT_COLUMNS)
 #: Member rows the sweep looks at in one statement.
 SWEEP_LIMIT = 500
 #: What a member cancelled by its fail_fast batch carries as its error.
@@ -174,6 +177,8 @@ def fresh_row(stored: Sequence[Any], now: int) -> list[Any]:
     """A copy of INSERT parameters made earlier (a ``call()``), as enqueued at ``now``: a new id,
     created now, due as long after now as it was after its making."""
     params = list(stored)
+    if len(params) == ROW_LENGTH - 1:
+        params.insert(ROW_METADATA, None)
     delay = params[ROW_DUE] - params[ROW_CREATED]
     params[ROW_ID] = ids.new_id()
     params[ROW_CREATED] = now

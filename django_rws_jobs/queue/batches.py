@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 from django.db import connections, transaction
 from django.db.models import QuerySet
 
-from ..conf import jobs_settings
 from ..database import clock
 from ..database.connections import queue_alias
 from ..database.validation import integer as _int
@@ -33,10 +32,11 @@ from ..models import BatchMember, BatchRecord, BatchState, Job
 from . import dependencies, ids, outputs
 from .batch_outcomes import cancel_outstanding, try_finish
 from .members import BatchClosed, open_batch
+from .metadata import metadata_text
 
 #: The enqueue options a job_type's callback takes (``unique`` is not one: a callback is
 #: enqueued once per finish already).
-CALL_OPTIONS = ("queue", "priority", "run_in", "max_retries", "timeout", "concurrency_key")
+CALL_OPTIONS = ("queue", "priority", "run_in", "max_retries", "timeout", "concurrency_key", "metadata")
 EVENTS = ("success", "failure", "finish")
 
 
@@ -87,22 +87,6 @@ def _callbacks(event: str, value: Any) -> list[list[Any]]:
     if not isinstance(calls, (list, tuple)) or not calls or not all(isinstance(c, Call) for c in calls):
         raise TypeError(f"on_{event} must be a call(...) or a list of them, got {show(value)}")
     return [list(c.row) for c in calls]
-
-
-def metadata_text(value: Any, name: str = "metadata") -> str | None:
-    """``value`` (a dict, or None) as the JSON text stored, within METADATA_MAX_BYTES."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise TypeError(f"{name} must be a dict, got {type(value).__name__} {show(value)}")
-    try:
-        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be JSON: {exc}") from None
-    size, limit = len(text.encode("utf-8")), int(jobs_settings.METADATA_MAX_BYTES)
-    if size > limit:
-        raise ValueError(f"{name} is {size} bytes of JSON; the limit is {limit} (METADATA_MAX_BYTES)")
-    return _text(name, text)
 
 
 class batch:  # noqa: N801  (a context manager used as a function: ``with batch(...) as b``)
@@ -180,12 +164,15 @@ class batch:  # noqa: N801  (a context manager used as a function: ``with batch(
         """``enqueue_many`` into this batch (inside its block): the rows stream to the database
         in one transaction, ``batch_size`` a statement, and only their ids are held, so that a
         generator of any length takes memory for its ids alone; the ids in order."""
+        from . import middleware
         from .api import check_items, enqueue_items
 
         self._inside()
         check_items(jobs)
         _int("batch_size", batch_size, 1, 10_000)
-        return enqueue_items(jobs, self.alias, batch_size)
+        return middleware.many(
+            self.alias, lambda extra: enqueue_items(jobs, self.alias, batch_size, extra=extra)
+        )
 
 
 def _finish_now(alias: str, batch_id: str) -> None:

@@ -14,9 +14,9 @@ from django.db import transaction
 from ..database import clock
 from ..database.connections import queue_alias
 from ..database.validation import show
-from . import dependencies
+from . import dependencies, middleware
 from .api import _dependencies, insert_prepared
-from .batch_outcomes import fresh_row
+from .batch_outcomes import ROW_METADATA, fresh_row
 from .batches import Call
 
 
@@ -37,18 +37,25 @@ def chain(*steps: Any, on_dependency_failure: str = "cancel", using: str | None 
         groups.append(calls)
     alias = queue_alias(using)
     dependencies.policy(on_dependency_failure)  # checked before anything is stored
-    now = int(clock.now(alias))
-    job_ids: list[str] = []
-    before: list[str] = []
-    with transaction.atomic(using=alias):
-        for calls in groups:
-            step_ids = []
-            for c in calls:
-                deps = _dependencies(before, on_dependency_failure) if before else None
-                step_ids.append(insert_prepared(alias, fresh_row(c.row, now), deps))
-            job_ids += step_ids
-            before = step_ids
-    return job_ids
+
+    def store(extra: dict[str, Any]) -> list[str]:
+        now = int(clock.now(alias))
+        job_ids: list[str] = []
+        before: list[str] = []
+        with transaction.atomic(using=alias):
+            for calls in groups:
+                step_ids = []
+                for c in calls:
+                    deps = _dependencies(before, on_dependency_failure) if before else None
+                    row = fresh_row(c.row, now)
+                    if extra:
+                        row[ROW_METADATA] = middleware.merged(row[ROW_METADATA], extra)
+                    step_ids.append(insert_prepared(alias, row, deps))
+                job_ids += step_ids
+                before = step_ids
+        return job_ids
+
+    return middleware.many(alias, store)
 
 
 __all__ = ["chain"]

@@ -9,10 +9,12 @@ another's, whichever thread or process runs it (tests/test_current_job.py).
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import math
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
+
+from django.db import connections
 
 if TYPE_CHECKING:
     from ..database.backends.claimed import Claimed
@@ -25,24 +27,60 @@ running: ContextVar[Claimed | None] = ContextVar("rws_running_job", default=None
 serving: ContextVar[str | None] = ContextVar("rws_serving_alias", default=None)
 
 
-@dataclasses.dataclass(frozen=True)
-class JobContext:
-    """The running job, as its handler sees it."""
+#: Whether reports go through the calling thread's own connection: set by ``tick()`` when it
+#: claims inside the caller's transaction, where no other connection sees the job's row (reports.py).
+inline: ContextVar[bool] = ContextVar("rws_inline_reports", default=False)
 
-    #: The job's id.
-    id: str
-    #: Its job type (a ``django.tasks`` task's is ``django.tasks:<module path>``).
-    job_type: str
-    #: Its queue.
-    queue: str
-    #: Which run this is: 1 on the first, 2 on the first retry, and so on.
-    attempt: int
-    #: The claim the handler runs under (its token fences what the handler writes).
-    _claim: Claimed | None = dataclasses.field(default=None, repr=False, compare=False)
-    #: The job's (batch_id, batch_event), read from its row the first time one is asked.
-    _batch_row: list[tuple[str | None, str | None]] = dataclasses.field(
-        default_factory=list, repr=False, compare=False
+#: The longest progress message, in characters.
+MESSAGE_MAX = 1000
+NUMBERS = (int, float)
+
+
+class JobContext:
+    """The running job, as its handler sees it: one object per attempt."""
+
+    __slots__ = (
+        "_alias",
+        "_batch_row",
+        "_claim",
+        "_ended",
+        "_inline",
+        "_metadata",
+        "_progress",
+        "_queued",
+        "_saved",
+        "_token",
+        "attempt",
+        "id",
+        "job_type",
+        "queue",
     )
+
+    def __init__(self, claim: Claimed, alias: str, inline_writes: bool = False):
+        #: The job's id.
+        self.id: str = claim.id
+        #: Its job type (a ``django.tasks`` task's is ``django.tasks:<module path>``).
+        self.job_type: str = claim.job_type
+        #: Its queue.
+        self.queue: str = claim.queue
+        #: Which run this is: 1 on the first, 2 on the first retry, and so on.
+        self.attempt: int = claim.attempts + 1
+        self._claim = claim  # its token fences what the handler writes
+        self._token = claim.token
+        self._alias = alias
+        self._inline = inline_writes
+        self._batch_row: tuple[str | None, str | None] | None = None
+        self._metadata: dict[str, Any] | None = None  # loaded at the first use
+        self._saved: str | None = None  # the metadata's JSON as loaded or last saved
+        self._progress: tuple[Any, Any, Any] | None = None  # the latest report
+        self._queued = False  # the report waits in the writer (reports.Writer)
+        self._ended = False
+
+    def __repr__(self) -> str:
+        return (
+            f"JobContext(id={self.id!r}, job_type={self.job_type!r}, queue={self.queue!r}, "
+            f"attempt={self.attempt})"
+        )
 
     @property
     def batch_id(self) -> str | None:
@@ -58,7 +96,7 @@ class JobContext:
             return None
         from .batches import get_batch
 
-        return get_batch(batch_id, using=_alias())
+        return get_batch(batch_id, using=self._alias)
 
     @property
     def batch_event(self) -> str | None:
@@ -66,14 +104,109 @@ class JobContext:
         return self._batch()[1]
 
     def _batch(self) -> tuple[str | None, str | None]:
-        if not self._batch_row:
+        if self._batch_row is None:
             from ..models import Job
 
             row = (
-                Job.objects.using(_alias()).filter(id=self.id).values_list("batch_id", "batch_event").first()
+                Job.objects.using(self._alias)
+                .filter(id=self.id)
+                .values_list("batch_id", "batch_event")
+                .first()
             )
-            self._batch_row.append((None, None) if row is None else (row[0], row[1]))
-        return self._batch_row[0]
+            self._batch_row = (None, None) if row is None else (row[0], row[1])
+        return self._batch_row
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The job's metadata (``enqueue(metadata=)``, or what an earlier attempt saved), a dict
+        the handler may change: ``save_metadata()`` writes it, and so does the end of the attempt
+        if it changed (tests/test_reports.py)."""
+        if self._metadata is None:
+            with connections[self._alias].cursor() as c:
+                c.execute("SELECT metadata FROM rws_jobs WHERE id = %s", [self.id])
+                row = c.fetchone()
+            text = None if row is None else row[0]
+            if text is not None and not isinstance(text, str):  # a driver that decodes JSON
+                text = json.dumps(text, ensure_ascii=False, separators=(",", ":"))
+            loaded = json.loads(text) if text else None
+            self._metadata = loaded if isinstance(loaded, dict) else {}
+            # As this class writes it (PostgreSQL's jsonb gives its own spacing): unchanged
+            # metadata is not saved again at the attempt's end.
+            self._saved = _dumps(self._metadata) if text else None
+        return self._metadata
+
+    def progress(self, current: float, total: float | None = None, message: str | None = None) -> None:
+        """Report how far the job is: ``current`` of ``total`` (numbers; total may be None),
+        with an optional ``message``. Cheap: the latest report is written at most once a second,
+        by the worker's own connection, so it is seen at once even inside the handler's
+        transaction; ``django_rws_jobs.get_progress(job_id)`` reads it."""
+        # x - x == 0 holds for every finite int and float, not for inf and nan.
+        if not (type(current) in NUMBERS and current - current == 0) or (
+            total is not None and not (type(total) in NUMBERS and total - total == 0)
+        ):
+            _check_number("current", current)
+            _check_number("total", total)
+        if message is not None:
+            _check_message(message)
+        self._progress = (current, total, message)
+        if self._inline:
+            from .reports import PROGRESS_SQL, direct, progress_text
+
+            direct(
+                self._alias,
+                PROGRESS_SQL,
+                [progress_text(self._progress), _now(self._alias), self.id, self._token],
+            )
+        elif not self._queued:
+            self._queued = True
+            from .reports import writer
+
+            writer(self._alias).queue(self)
+
+    def save_metadata(self) -> bool:
+        """Write ``metadata`` now, with the latest progress, outside the handler's transaction,
+        and wait for the write. True if written; False if this attempt no longer holds its claim
+        (its lease was taken over) or the write failed. TypeError or ValueError, writing nothing,
+        for metadata that is not JSON or is over METADATA_MAX_BYTES."""
+        from .metadata import metadata_text
+
+        text = metadata_text(self.metadata)
+        in_transaction = not self._inline and _holds_sqlite_write_lock(self._alias)
+        if self._inline or in_transaction:
+            from .reports import SAVE_SQL, direct, progress_text
+
+            report = self._progress
+            params = [
+                text,
+                None if report is None else progress_text(report),
+                _now(self._alias),
+                self.id,
+                self._token,
+            ]
+            applied = direct(self._alias, SAVE_SQL, params)
+        else:
+            from .reports import writer
+
+            applied = writer(self._alias).save(self, text)
+        if applied and not in_transaction:  # (a rolled back save is made again at the attempt's end)
+            self._saved = text
+        return applied
+
+    def _end(self) -> None:
+        """The attempt is over: drop its unwritten progress and save its metadata if the handler
+        changed it; TypeError or ValueError for changed metadata that cannot be saved (the
+        attempt fails with it)."""
+        self._ended = True
+        if self._queued:
+            from .reports import writer
+
+            writer(self._alias).forget(self)
+        if self._metadata is not None:
+            from .metadata import metadata_text
+
+            text = metadata_text(self._metadata)
+            if text != self._saved and not (text == "{}" and self._saved is None):
+                self.save_metadata()
 
     def record(self, value: Any) -> bool:
         """Keep ``value`` (JSON, at most OUTPUT_MAX_BYTES of it) as this batch member's output,
@@ -85,9 +218,43 @@ class JobContext:
         text = output_text(value)
         from .outputs import keep
 
-        if self._claim is None:
-            return False
-        return keep(_alias(), self._claim, text)
+        return keep(self._alias, self._claim, text)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _check_number(name: str, value: Any) -> None:
+    if value is None and name == "total":
+        return
+    from ..database.validation import show
+
+    if type(value) is bool or not isinstance(value, (int, float)):
+        raise TypeError(f"progress(): {name} must be a number, got {type(value).__name__} {show(value)}")
+    if not math.isfinite(value):
+        raise ValueError(f"progress(): {name} must be a finite number, got {value!r}")
+
+
+def _check_message(message: Any) -> None:
+    from ..database.validation import text
+
+    text("progress()'s message", message, limit=MESSAGE_MAX, empty=True)
+
+
+def _holds_sqlite_write_lock(alias: str) -> bool:
+    """Whether the calling thread's transaction holds the queue's SQLite file's one write lock (its
+    transactions are IMMEDIATE): another connection's write would wait for it, so a save made now
+    goes through this transaction and is seen when it commits
+    (tests/test_reports.py::test_on_sqlite_a_save_inside_a_transaction_is_written_with_it)."""
+    conn = connections[alias]
+    return conn.vendor == "sqlite" and conn.in_atomic_block
+
+
+def _now(alias: str) -> float:
+    from ..database import clock
+
+    return clock.now(alias)
 
 
 def output_text(value: Any) -> str:
@@ -122,4 +289,17 @@ def current_job() -> JobContext | None:
     job = running.get()
     if job is None:
         return None
-    return JobContext(id=job.id, job_type=job.job_type, queue=job.queue, attempt=job.attempts + 1, _claim=job)
+    context = job.context
+    if context is None:
+        context = job.context = context_of(job)
+    return context
+
+
+def context_of(job: Claimed) -> JobContext:
+    """A new JobContext for the attempt that holds ``job``."""
+    alias = _alias()
+    inline_writes = inline.get()
+    if not inline_writes:
+        conn = connections[alias]
+        inline_writes = conn.vendor == "sqlite" and conn.is_in_memory_db()
+    return JobContext(job, alias, inline_writes)

@@ -21,9 +21,10 @@ from ..database.connections import is_registered, is_transient, thread_connected
 from ..exceptions import cancel_message
 from ..flow.concurrency_keys import keys_of, promote
 from ..signals import job_dead
+from . import middleware
 from .batch_outcomes import settle
 from .cancellation import send_cancelled
-from .context import running
+from .context import current_job, running
 from .registry import registry
 from .store import Claimed, Store
 
@@ -84,10 +85,8 @@ def describe(exc: BaseException) -> str:
     return storable(f"{type(exc).__name__}: {message}", ERROR_MAX)
 
 
-def call_handler(
-    func: Callable[[str], Any], payload: str, is_async: bool, job: Claimed | None = None
-) -> None:
-    """Run a handler to completion in the calling thread.
+def call_handler(func: Callable[[str], Any], payload: str, is_async: bool, job: Claimed | None = None) -> Any:
+    """Run a handler to completion in the calling thread; return what it returned.
 
     An ``async def`` handler runs on an event loop of its own (``run_async``: ``async_to_sync``,
     as Django runs async views from sync code), where a stop of ``job`` reaches it (AsyncRun).
@@ -96,11 +95,10 @@ def call_handler(
     tests/test_faults.py::test_async_handlers_run_and_generators_fail.
     """
     if is_async:  # JobSpec.is_async
-        run_async(job, func, (payload,), {})
-        return
+        return run_async(job, func, (payload,), {})
     result = func(payload)
     if result is None:
-        return
+        return None
     if inspect.isawaitable(result) or inspect.isgenerator(result) or inspect.isasyncgen(result):
         close = getattr(result, "close", None)
         if close is not None and not inspect.isasyncgen(result):
@@ -110,6 +108,7 @@ def call_handler(
             "a handler must be a plain function or an async def function, not a generator or one "
             "that returns an awaitable"
         )
+    return result
 
 
 def _name(obj: Any) -> str:
@@ -292,16 +291,34 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
                 outcome = rows.run(job)
             finally:
                 running.reset(token)
+                if job.context is not None:
+                    try:
+                        job.context._end()
+                    except Exception as unsaved:
+                        logger.warning("task %s: its metadata was not saved: %s", job.id, unsaved)
             if handlers is not None:
                 handlers.outcome = (outcome, None)
             return outcome, None
         return f"no handler registered for job_type '{job.job_type}'", None
     token = running.set(job)  # current_job() in the handler
     try:
-        call_handler(spec.func, job.payload, spec.is_async, job)
+        executors = middleware.chains()[1]
+        if executors:
+            middleware.around(
+                executors, current_job(), lambda: call_handler(spec.func, job.payload, spec.is_async, job)
+            )
+        else:
+            call_handler(spec.func, job.payload, spec.is_async, job)
+        if job.context is not None:  # the handler asked for current_job(): save what it changed
+            job.context._end()
         if handlers is not None:
             handlers.outcome = SUCCEEDED
     except Exception as exc:
+        if job.context is not None and not job.context._ended:
+            try:
+                job.context._end()
+            except Exception as unsaved:
+                logger.warning("job %s: its metadata was not saved: %s", job.id, unsaved)
         tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
         logger.error(
             "job %s (%s) failed on attempt %d/%d: %s: %s",

@@ -36,7 +36,7 @@ UNKNOWN_JOB_TYPE = "rws_jobs.E103"
 BAD_OPTION = "rws_jobs.E104"
 DUPLICATE = "rws_jobs.E105"
 
-OPTION_KEYS = ("queue", "priority", "max_retries", "unique", "concurrency_key")
+OPTION_KEYS = ("queue", "priority", "max_retries", "unique", "concurrency_key", "metadata")
 JOB_KEYS = ("cron", "job_type", "payload", *OPTION_KEYS)
 TASK_KEYS = ("cron", "task", "args", "kwargs")  # a schedule of a django.tasks task (tasks/scheduled.py)
 KEYS = (*JOB_KEYS, *TASK_KEYS[1:])

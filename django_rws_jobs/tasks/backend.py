@@ -48,6 +48,15 @@ class RwsTask(Task):
     timeout: float | None = None
     concurrency_key: str | Callable[..., str] | None = None
     concurrency_limit: int | None = None
+    #: The metadata each enqueue of this task stores with it (``using(metadata={...})``).
+    metadata: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
+
+    def using(self, *, metadata: dict[str, Any] | None = None, **changes: Any) -> RwsTask:
+        """Django's ``using()`` (priority, queue_name, run_after, backend), and ``metadata``: a
+        dict the enqueued task carries (``context.metadata`` in the task; the result's
+        ``metadata``), as Django's metadata proposal names it."""
+        task: RwsTask = Task.using(self, **changes) if changes else self
+        return task if metadata is None else task.with_options(metadata=metadata)
 
     def with_options(
         self,
@@ -57,14 +66,23 @@ class RwsTask(Task):
         timeout: float | None = None,
         concurrency_key: str | Callable[..., str] | None = None,
         concurrency_limit: int | None = None,
+        metadata: dict[str, Any] | None = None,
     ) -> RwsTask:
         """A copy with other options (``using()`` for this backend's options)."""
+        if metadata is not None:
+            from ..queue.metadata import metadata_text
+
+            try:
+                metadata_text(metadata)
+            except (TypeError, ValueError) as exc:
+                raise InvalidTask(str(exc)) from None
         given: dict[str, Any] = {
             "max_attempts": max_attempts,
             "unique": unique,
             "timeout": timeout,
             "concurrency_key": concurrency_key,
             "concurrency_limit": concurrency_limit,
+            "metadata": metadata,
         }
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
 
@@ -159,14 +177,30 @@ class RwsJobsBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
         """Insert the task's row in the caller's transaction; return its READY result."""
+        from ..queue import middleware
         from ..queue.api import insert_prepared
 
         params = self.job_params(task, args, kwargs)
         stored = history.load(params[2])  # the arguments as JSON made them, the time of enqueue
-        job_id = insert_prepared(self.database, params)
+        enqueuers = middleware.chains()[0]
+        if enqueuers:
+            own = getattr(task, "metadata", None)
+            job = middleware.Enqueue(params[1], params[6], dict(own or {}), False, self.database)
+
+            def call_next() -> str:
+                params[15] = middleware.merged(None, job.metadata) if job.metadata else None
+                job.ids = [insert_prepared(self.database, params)]
+                return job.ids[0]
+
+            job_id = middleware.around(enqueuers, job, call_next)
+        else:
+            job_id = insert_prepared(self.database, params)
         if job_id != params[0]:  # a unique task already waits or runs: its result
             return self.get_result(job_id)
-        result = TaskResult(
+        from .results import RwsTaskResult
+
+        result = RwsTaskResult(
+            metadata=None if params[15] is None else json.loads(params[15]),
             task=task,
             id=job_id,
             status=TaskResultStatus.READY,
@@ -213,6 +247,7 @@ class RwsJobsBackend(BaseTaskBackend):
                 timeout=getattr(task, "timeout", None),
                 concurrency_key=key,
                 concurrency_limit=getattr(task, "concurrency_limit", None),
+                metadata=getattr(task, "metadata", None),
                 now=now,
             )
         except (TypeError, ValueError) as exc:

@@ -112,6 +112,7 @@ def _succeed(store: Store, job: Claimed, outcome: TaskOutcome, after: dict[str, 
     """Delete the job row and write its result in one transaction: a result exists exactly when
     the fenced deletion applied (tests/test_tasks_worker.py::test_a_late_result_writes_nothing)."""
     with store.writes, store.atomic(), store.cursor() as c:
+        metadata = _metadata(c, [job.id]).get(job.id)
         if store.features.can_return_deleted:  # with the batch and the dependents' flag
             found = store.backend.delete_finished(store, c, job.token, [job.id])
             if not found:
@@ -124,7 +125,7 @@ def _succeed(store: Store, job: Claimed, outcome: TaskOutcome, after: dict[str, 
             )
             if c.rowcount != 1:
                 return False
-        c.execute(f"{RESULT_INSERT} {RESULT_ROW}", _result_values(job, outcome, after))
+        c.execute(f"{RESULT_INSERT} {RESULT_ROW}", _result_values(job, outcome, after, metadata))
     return True
 
 
@@ -140,6 +141,7 @@ def succeed_many(store: Store, pairs: list[tuple[Claimed, TaskOutcome]]) -> list
     for job, _o in pairs:
         by_token.setdefault(job.token, []).append(job.id)
     with store.writes, store.atomic(), store.cursor() as c:
+        metadata = _metadata(c, list(rows))
         found = [
             row
             for token, ids in by_token.items()
@@ -149,7 +151,7 @@ def succeed_many(store: Store, pairs: list[tuple[Claimed, TaskOutcome]]) -> list
         for job_id, batch_id, has_dependents in found:  # for the batches' and dependents' bookkeeping
             rows[job_id][0].batch_id, rows[job_id][0].has_dependents = batch_id, has_dependents
         if deleted:
-            values = [_result_values(*rows[i]) for i in deleted]
+            values = [_result_values(*rows[i], metadata.get(i)) for i in deleted]
             sql = f"{RESULT_INSERT} {', '.join([RESULT_ROW] * len(values))}"
             c.execute(sql, [v for row in values for v in row])
     gone = set(deleted)
@@ -169,9 +171,20 @@ def succeed_many(store: Store, pairs: list[tuple[Claimed, TaskOutcome]]) -> list
 
 RESULT_INSERT = (
     "INSERT INTO rws_task_results (id, task_path, queue, priority, payload, return_value, history, "
-    "finished_at) VALUES"
+    "finished_at, metadata) VALUES"
 )
-RESULT_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s)"
+RESULT_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+
+
+def _metadata(c: Any, ids: list[str]) -> dict[str, Any]:
+    """The metadata of the jobs ``ids`` that have any, read before their rows are deleted: a
+    task's result keeps it (tests/test_reports.py::test_a_tasks_result_keeps_its_metadata)."""
+    c.execute(
+        f"SELECT id, metadata FROM rws_jobs WHERE id IN ({', '.join(['%s'] * len(ids))}) "
+        "AND metadata IS NOT NULL",
+        ids,
+    )
+    return dict(c.fetchall())
 
 
 def _after(job: Claimed, outcome: TaskOutcome) -> dict[str, Any]:
@@ -189,7 +202,9 @@ def _after(job: Claimed, outcome: TaskOutcome) -> dict[str, Any]:
     )
 
 
-def _result_values(job: Claimed, outcome: TaskOutcome, after: dict[str, Any]) -> list[Any]:
+def _result_values(
+    job: Claimed, outcome: TaskOutcome, after: dict[str, Any], metadata: Any = None
+) -> list[Any]:
     return [
         job.id,
         job.job_type[len(TASK_PREFIX) :],
@@ -199,6 +214,7 @@ def _result_values(job: Claimed, outcome: TaskOutcome, after: dict[str, Any]) ->
         outcome.value,
         history.dumps(after),
         int(outcome.finished),
+        metadata,
     ]
 
 

@@ -12,10 +12,55 @@ from django.utils.module_loading import import_string
 
 from ..exceptions import JobCancelled
 from . import history
-from .compat import InvalidTask, Task, TaskError, TaskResult, TaskResultDoesNotExist, TaskResultStatus
+from .compat import (
+    InvalidTask,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+)
 
 #: RwsTask's own options a payload may carry (tasks/backend.py _options).
 OPTIONS = ("max_attempts", "unique", "timeout")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RwsTaskResult(TaskResult):
+    """Django's TaskResult, with the task's ``metadata``: as enqueued (``task.using(metadata=)``),
+    as the task saved it while it ran, and as it was when it succeeded (kept in its result row)."""
+
+    metadata: dict[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RwsTaskContext(TaskContext):
+    """The TaskContext a task with ``takes_context`` gets: Django's, with the names of Django's
+    metadata proposal: ``metadata`` (the job's, a dict the task may change), ``save_metadata()``
+    and ``asave_metadata()`` (see JobContext.save_metadata)."""
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return _running().metadata
+
+    def save_metadata(self) -> bool:
+        return _running().save_metadata()
+
+    async def asave_metadata(self) -> bool:
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.save_metadata)()
+
+
+def _running() -> Any:
+    from ..queue.context import current_job
+
+    job = current_job()
+    if job is None:
+        raise RuntimeError("the task's metadata is read and saved only while the task runs")
+    return job
+
 
 #: rws_jobs' status -> the task's.
 STATUSES = {
@@ -29,10 +74,10 @@ STATUSES = {
 #: A task's job row, or its result row: the same columns, in this order.
 RESULT_SQL = (
     "SELECT id, job_type, payload, status, queue, priority, started_at, locked_by, task_history, "
-    "NULL, COALESCE(failed_at, cancelled_at) FROM rws_jobs WHERE id = %s "
+    "NULL, COALESCE(failed_at, cancelled_at), metadata FROM rws_jobs WHERE id = %s "
     "UNION ALL "
     "SELECT id, task_path, payload, 'successful', queue, priority, NULL, NULL, history, return_value, "
-    "finished_at FROM rws_task_results WHERE id = %s"
+    "finished_at, metadata FROM rws_task_results WHERE id = %s"
 )
 
 
@@ -69,7 +114,20 @@ def fetch(alias: str, result_id: Any, prefix: str, backend: str) -> TaskResult:
 
 def build(row: tuple[Any, ...], prefix: str) -> TaskResult:
     """A TaskResult from RESULT_SQL's row."""
-    result_id, path, payload_text, status, queue, priority, started, token, history_text, value, ended = row
+    (
+        result_id,
+        path,
+        payload_text,
+        status,
+        queue,
+        priority,
+        started,
+        token,
+        history_text,
+        value,
+        ended,
+        meta,
+    ) = row
     if path.startswith(prefix):
         path = path[len(prefix) :]
     payload = history.load(payload_text)
@@ -82,7 +140,8 @@ def build(row: tuple[Any, ...], prefix: str) -> TaskResult:
     state = TaskResultStatus.SUCCESSFUL if status == "successful" else STATUSES[status]
     enqueued = float(payload.get("enqueued_at") or 0)
     started_at, attempted, finished, worker_ids = _attempts(state, past, enqueued, started, token, ended)
-    result = TaskResult(
+    result = RwsTaskResult(
+        metadata=history.load(meta) if isinstance(meta, str) else meta,
         task=task,
         id=result_id,
         status=state,

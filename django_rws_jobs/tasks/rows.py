@@ -14,6 +14,8 @@ from asgiref.sync import iscoroutinefunction
 from django.db import connections
 
 from ..database import clock
+from ..queue import middleware
+from ..queue.context import current_job
 from ..queue.registry import TASK_PREFIX
 from ..queue.runner import Returned, _close_old_connections, run_async, watching
 from ..queue.store import Claimed, Store
@@ -82,12 +84,14 @@ def run_task(job: Claimed) -> TaskOutcome:
     try:
         func = task.func
         call_args = (
-            [compat.TaskContext(task_result=result), *result.args] if task.takes_context else result.args
+            [results.RwsTaskContext(task_result=result), *result.args] if task.takes_context else result.args
         )
         if iscoroutinefunction(func):
-            value = run_async(job, func, call_args, result.kwargs, returned)
+            call = lambda: run_async(job, func, call_args, result.kwargs, returned)  # noqa: E731
         else:
-            value = func(*call_args, **result.kwargs)
+            call = lambda: func(*call_args, **result.kwargs)  # noqa: E731
+        executors = middleware.chains()[1]
+        value = middleware.around(executors, current_job(), call) if executors else call()
     except BaseException as exc:  # noqa: BLE001  (every failure is the task's, as Django records it)
         return returned.failed(exc)
     returned.value = value
@@ -144,6 +148,7 @@ def _running_row(job: Claimed, started: float) -> tuple[Any, ...]:
         past,
         None,
         None,
+        None,  # the metadata: the task reads it through its context (current_job())
     )
 
 

@@ -18,6 +18,7 @@ from ..queue import ids
 def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     """Claim one due job and run it in the calling thread. False when none is due."""
     from ..checks import require_valid_settings
+    from ..queue.context import inline
     from ..queue.context import serving as serving_alias
     from ..queue.runner import run_claimed
     from ..queue.store import Store
@@ -44,9 +45,12 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     job = claimed[0]
     with _renewing(alias, job.token, lease):
         serves = serving_alias.set(alias)  # current_job()'s database
+        # Claimed inside the caller's transaction: only its connection sees the job's row.
+        inlined = inline.set(connections[alias].in_atomic_block)
         try:
             run_claimed(store, job)
         finally:
+            inline.reset(inlined)
             serving_alias.reset(serves)
     if job.concurrency_key is not None:  # its slot is free: the key's next job
         promote(store, [job.concurrency_key], int(clock.now(alias)))

@@ -388,3 +388,75 @@ def enqueue_after_me(payload: str) -> None:
     from django_rws_jobs import enqueue
 
     enqueue("test.record", payload, after=[current_job().id])
+
+
+def _wait_for_file(path: str, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+@job("test.report", max_retries=0)
+def report(payload: str) -> None:
+    """Reports progress, then changes and saves metadata, as the JSON payload says:
+    {"steps": n, "atomic": bool, "write": bool, "flags": [path, path], "set": {...}, "after": {...},
+    "fail": bool}. With "atomic", all of it inside one transaction (which writes a Run first if
+    "write"); each flag file is waited for, after the progress and after the save."""
+    from contextlib import nullcontext
+
+    from django.db import transaction
+
+    from .models import Run
+
+    spec = json.loads(payload)
+    ctx = current_job()
+    flags = spec.get("flags") or [None, None]
+    with transaction.atomic() if spec.get("atomic") else nullcontext():
+        if spec.get("write"):
+            Run.objects.create(kind="report-inside", payload=ctx.id, pid=os.getpid())
+        elif spec.get("atomic"):
+            Run.objects.count()  # a read: SQLite's transaction then holds a snapshot, not the write lock
+        steps = spec.get("steps", 0)
+        for i in range(steps):
+            ctx.progress(i + 1, steps, f"step {i + 1}")
+        if flags[0]:
+            _wait_for_file(flags[0])
+        if spec.get("set"):
+            ctx.metadata.update(spec["set"])
+            _trace("saved", json.dumps(ctx.save_metadata()))
+        if flags[1]:
+            _wait_for_file(flags[1])
+        ctx.metadata.update(spec.get("after", {}))
+        if spec.get("fail"):
+            raise ValueError("asked to fail")
+
+
+@job("test.report_loop", max_retries=0)
+def report_loop(payload: str) -> None:
+    """Calls progress() as fast as it can for ``payload`` seconds; traces how many times."""
+    ctx = current_job()
+    end = time.monotonic() + float(payload)
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+        ctx.progress(n)
+    _trace("loop", str(n))
+
+
+@job("test.report_lost", max_retries=0)
+def report_lost(payload: str) -> None:
+    """Loses its claim (another claim takes the row), then reports and saves: traces what
+    save_metadata() answered."""
+    from django_rws_jobs.models import Job
+
+    ctx = current_job()
+    Job.objects.filter(id=ctx.id).update(locked_by="another-worker:1:x#1")
+    ctx.progress(1, 2, "lost")
+    ctx.metadata["lost"] = True
+    _trace("saved", json.dumps(ctx.save_metadata()))
+
+
+@job("test.metadata")
+def metadata(payload: str) -> None:
+    """Traces the metadata its handler sees."""
+    _trace("metadata", json.dumps([payload, current_job().metadata]))

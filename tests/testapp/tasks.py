@@ -106,3 +106,14 @@ def whoami() -> dict:
 
     ctx = current_job()
     return {"job_type": ctx.job_type, "attempt": ctx.attempt, "queue": ctx.queue}
+
+
+@rws_task(takes_context=True)
+def tagged(context, fail: bool = False) -> dict:
+    """Returns the metadata its context reads; adds "seen" to it and saves it; fails if told."""
+    seen = dict(context.metadata)
+    context.metadata["seen"] = True
+    context.save_metadata()
+    if fail:
+        raise RuntimeError("asked to fail")
+    return seen

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from ...models import CLAIM_ORDER, Job
 
@@ -35,6 +35,9 @@ class Claimed:
     # is (queue/batches.py); whether a job waits for this one (queue/dependencies.py).
     batch_id: str | None = None
     has_dependents: bool | None = None
+    # Not a field (no annotation): the JobContext of this attempt, made by the first
+    # current_job() (queue/context.py), so every call in the attempt sees the same one.
+    context = cast(Any, None)
 
     @classmethod
     def from_row(cls, row: Sequence[Any], token: str) -> Claimed:
@@ -50,7 +53,7 @@ class Claimed:
         return cls(job_id, "", "", "", 0, 0, 0, 0, 0, None, None, None, None, "", batch_id, has_dependents)
 
     def as_job(self, **changes: Any) -> Job:
-        fields = {k: v for k, v in self.__dict__.items() if k != "token"}
+        fields = {k: v for k, v in self.__dict__.items() if k not in ("token", "context")}
         fields.update(changes)
         return Job(**fields)
 

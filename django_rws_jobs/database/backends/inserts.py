@@ -25,14 +25,15 @@ INSERT_COLUMNS = (
     "concurrency_limit",
     "batch_id",
     "batch_event",
+    "metadata",
     "unique_hash",
 )
 INSERT_HEAD = (
     "INSERT INTO rws_jobs (id, job_type, payload, attempts, max_retries, next_run_at, created_at, "
     "queue, priority, unique_key, timeout, status, concurrency_key, concurrency_limit, batch_id, "
-    "batch_event, unique_hash) VALUES "
+    "batch_event, metadata, unique_hash) VALUES "
 )
-INSERT_VALUES = "(%s, %s, %s, 0, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+INSERT_VALUES = "(%s, %s, %s, 0, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 INSERT_SQL = INSERT_HEAD + INSERT_VALUES
 COPY_SQL = f"COPY rws_jobs ({', '.join(INSERT_COLUMNS)}) FROM STDIN"
 
