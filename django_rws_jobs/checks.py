@@ -84,6 +84,7 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
         *_bounded("an integer number of bytes", 2, 16 * 2**20, integer=True),
     ),
     "MIDDLEWARE": ("rws_jobs.E029", lambda v: _middleware_paths(v), "a list of dotted paths to classes"),
+    "OTEL_PARENT": ("rws_jobs.E030", lambda v: v in ("link", "child"), '"link" or "child"'),
     "POOLER": (
         "rws_jobs.E024",
         lambda v: v in (None, "transaction", "session"),

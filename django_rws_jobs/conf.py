@@ -68,6 +68,9 @@ DEFAULTS: dict[str, Any] = {
     "BATCH_RETENTION": 7 * 86400,
     # Classes around enqueuing and running jobs, outermost first (queue/middleware.py).
     "MIDDLEWARE": [],
+    # OpenTelemetry (django_rws_jobs.tracing): a job's "process" span is "link"ed to its enqueue's
+    # "send" span (a trace of its own), or its "child" (in the enqueue's trace).
+    "OTEL_PARENT": "link",
 }
 
 

@@ -156,3 +156,8 @@ LOGGING = {
         "django_rws_jobs": {"handlers": ["stderr"], "level": os.environ.get("RWS_LOG_LEVEL", "WARNING")},
     },
 }
+
+if os.environ.get("RWS_TEST_OTEL_FILE"):  # a worker of tests/test_tracing.py: its spans to a file
+    from tests.otel_file import configure
+
+    configure(os.environ["RWS_TEST_OTEL_FILE"])

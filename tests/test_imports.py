@@ -119,7 +119,7 @@ PARTS: list[tuple[str, set[str]]] = [
     ("schedules", {"schedules"}),
     ("operations", {"operations"}),
     ("worker", {"worker"}),
-    ("entry points", {"", "adopt", "apps", "urls", "admin", "management"}),
+    ("entry points", {"", "adopt", "apps", "urls", "admin", "management", "tracing"}),
 ]
 
 
