@@ -33,9 +33,9 @@ def clear() -> None:
             c.execute(f"DELETE FROM {table}" if connection.vendor == "sqlite" else f"TRUNCATE TABLE {table}")
 
 
-def run_worker(db: str, first: str, last: str, n: int, workers: int) -> float:
+def run_worker(db: str, first: str, last: str, n: int, workers: int, job_type: str = "bench.noop") -> float:
     """Start a worker on jobs already enqueued; seconds from the claim of ``first`` until every
-    bench.noop job is gone (``last`` deleted and the count zero); then stop it."""
+    ``job_type`` job is gone (``last`` deleted and the count zero); then stop it."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "django", "rws_worker", "--workers", str(workers)],
         cwd=ROOT,
@@ -53,9 +53,9 @@ def run_worker(db: str, first: str, last: str, n: int, workers: int) -> float:
                 )
             time.sleep(0.001)
         t0 = time.perf_counter()
-        while not (job_state(last) is None and count_jobs() == 0 and blocked() == 0):
+        while not (job_state(last) is None and count_jobs(job_type) == 0 and blocked() == 0):
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{count_jobs()} jobs left: worker exited or stuck")
+                raise RuntimeError(f"{count_jobs(job_type)} jobs left: worker exited or stuck")
             time.sleep(0.002)
         return time.perf_counter() - t0
     finally:

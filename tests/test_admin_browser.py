@@ -292,3 +292,19 @@ def test_batches_page_progress_and_actions(page, live_server):
     page.wait_for_selector("text=Put 1 dead member back.")
     assert Job.objects.get(id=dead).status == "pending"
     assert set(Job.objects.filter(id__in=later).values_list("status", flat=True)) == {"pending"}
+
+
+def test_a_jobs_progress_bar_and_metadata(page, live_server):
+    """A job's page shows its handler's last progress as a bar, and its metadata as JSON."""
+    job_id = rws.enqueue(
+        "test.report", '{"steps": 3, "total": 4, "fail": true}', metadata={"tenant": "acme", "rows": 4}
+    )
+    assert rws.tick()  # fails, keeping its progress (3 of 4) and metadata
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/job/{job_id}/change/")
+    bar = page.locator("progress.rws-progress")
+    assert bar.get_attribute("value") == "750"
+    assert bar.bounding_box()["width"] > 20  # drawn, not hidden
+    assert "75%" in page.locator(".field-progress_detail").inner_text()
+    assert '"tenant": "acme"' in page.locator(".field-metadata_detail").inner_text()
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/job/?status__exact=failed")
+    assert page.locator("progress.rws-progress").get_attribute("title") == "3 / 4 step 3"

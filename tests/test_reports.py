@@ -253,3 +253,12 @@ def test_metadata_read_and_left_unchanged_is_not_written_again(monkeypatch):
         {},
     ]
     assert statements == []
+
+
+def test_an_async_handler_reports_and_saves():
+    job_id = rws.enqueue("test.report_async", metadata={"n": 1})
+    assert rws.tick()
+    assert traced("saved") == ["true"]
+    row = Job.objects.get(id=job_id)
+    assert row.metadata == {"n": 1, "async": True}
+    assert rws.get_progress(job_id).message == "half"

@@ -33,3 +33,28 @@ def cpu(payload: str) -> None:
 @job("bench.stamp")
 def stamp(payload: str) -> None:
     write_stamp()
+
+
+def _rows(payload: str, report: bool) -> None:
+    """A handler's loop over ``payload`` rows, each a little work (a row made into JSON); with
+    ``report``, a progress() call per row."""
+    import json
+
+    from django_rws_jobs import current_job
+
+    rows = int(payload)
+    job = current_job() if report else None
+    for i in range(rows):
+        json.dumps({"row": i, "name": "item"})
+        if job is not None:
+            job.progress(i + 1, rows)
+
+
+@job("bench.rows")
+def rows(payload: str) -> None:
+    _rows(payload, report=False)
+
+
+@job("bench.rows_progress")
+def rows_progress(payload: str) -> None:
+    _rows(payload, report=True)

@@ -9,10 +9,13 @@ another's, whichever thread or process runs it (tests/test_current_job.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import threading
+from collections.abc import Callable
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections
 
@@ -30,6 +33,8 @@ serving: ContextVar[str | None] = ContextVar("rws_serving_alias", default=None)
 #: Whether reports go through the calling thread's own connection: set by ``tick()`` when it
 #: claims inside the caller's transaction, where no other connection sees the job's row (reports.py).
 inline: ContextVar[bool] = ContextVar("rws_inline_reports", default=False)
+
+T = TypeVar("T")
 
 #: The longest progress message, in characters.
 MESSAGE_MAX = 1000
@@ -122,10 +127,7 @@ class JobContext:
         the handler may change: ``save_metadata()`` writes it, and so does the end of the attempt
         if it changed (tests/test_reports.py)."""
         if self._metadata is None:
-            with connections[self._alias].cursor() as c:
-                c.execute("SELECT metadata FROM rws_jobs WHERE id = %s", [self.id])
-                row = c.fetchone()
-            text = None if row is None else row[0]
+            text = _off_the_loop(self._read_metadata)
             if text is not None and not isinstance(text, str):  # a driver that decodes JSON
                 text = json.dumps(text, ensure_ascii=False, separators=(",", ":"))
             loaded = json.loads(text) if text else None
@@ -134,6 +136,12 @@ class JobContext:
             # metadata is not saved again at the attempt's end.
             self._saved = _dumps(self._metadata) if text else None
         return self._metadata
+
+    def _read_metadata(self) -> Any:
+        with connections[self._alias].cursor() as c:
+            c.execute("SELECT metadata FROM rws_jobs WHERE id = %s", [self.id])
+            row = c.fetchone()
+        return None if row is None else row[0]
 
     def progress(self, current: float, total: float | None = None, message: str | None = None) -> None:
         """Report how far the job is: ``current`` of ``total`` (numbers; total may be None),
@@ -192,6 +200,13 @@ class JobContext:
             self._saved = text
         return applied
 
+    async def asave_metadata(self) -> bool:
+        """``save_metadata()`` for an ``async def`` handler: the wait runs in the handler's thread
+        (``sync_to_async``), not on its event loop."""
+        from asgiref.sync import sync_to_async
+
+        return bool(await sync_to_async(self.save_metadata)())
+
     def _end(self) -> None:
         """The attempt is over: drop its unwritten progress and save its metadata if the handler
         changed it; TypeError or ValueError for changed metadata that cannot be saved (the
@@ -219,6 +234,33 @@ class JobContext:
         from .outputs import keep
 
         return keep(self._alias, self._claim, text)
+
+
+def _off_the_loop(read: Callable[[], T]) -> T:
+    """``read()``, a query: in this thread, or, where an ``async def`` handler's event loop runs
+    here (Django refuses queries there), in a thread of its own whose connection is closed after
+    (tests/test_reports.py::test_an_async_handler_reports_and_saves)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return read()
+    done: list[Any] = []
+
+    def run() -> None:
+        try:
+            done.append((True, read()))
+        except BaseException as exc:  # noqa: BLE001  (raised again in the caller's thread)
+            done.append((False, exc))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, name="rws-metadata-read")
+    thread.start()
+    thread.join()
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return value
 
 
 def _dumps(value: Any) -> str:

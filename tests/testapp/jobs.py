@@ -399,9 +399,9 @@ def _wait_for_file(path: str, seconds: float = 60.0) -> None:
 @job("test.report", max_retries=0)
 def report(payload: str) -> None:
     """Reports progress, then changes and saves metadata, as the JSON payload says:
-    {"steps": n, "atomic": bool, "write": bool, "flags": [path, path], "set": {...}, "after": {...},
-    "fail": bool}. With "atomic", all of it inside one transaction (which writes a Run first if
-    "write"); each flag file is waited for, after the progress and after the save."""
+    {"steps": n, "total": n, "atomic": bool, "write": bool, "flags": [path, path], "set": {...},
+    "after": {...}, "fail": bool}. With "atomic", all of it inside one transaction (which writes
+    a Run first if "write"); each flag file is waited for, after the progress and after the save."""
     from contextlib import nullcontext
 
     from django.db import transaction
@@ -418,7 +418,7 @@ def report(payload: str) -> None:
             Run.objects.count()  # a read: SQLite's transaction then holds a snapshot, not the write lock
         steps = spec.get("steps", 0)
         for i in range(steps):
-            ctx.progress(i + 1, steps, f"step {i + 1}")
+            ctx.progress(i + 1, spec.get("total", steps), f"step {i + 1}")
         if flags[0]:
             _wait_for_file(flags[0])
         if spec.get("set"):
@@ -460,3 +460,16 @@ def report_lost(payload: str) -> None:
 def metadata(payload: str) -> None:
     """Traces the metadata its handler sees."""
     _trace("metadata", json.dumps([payload, current_job().metadata]))
+
+
+@job("test.report_async", max_retries=0)
+async def report_async(payload: str) -> None:
+    """An async handler that reports, changes and saves its metadata, then fails."""
+    ctx = current_job()
+    ctx.progress(1, 2, "half")
+    ctx.metadata["async"] = True
+    _trace_saved = await ctx.asave_metadata()
+    from .models import Run
+
+    await Run.objects.acreate(kind="saved", payload=json.dumps(_trace_saved), pid=os.getpid())
+    raise ValueError("asked to fail")
