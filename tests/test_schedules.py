@@ -79,6 +79,20 @@ def test_first_sight_stores_the_next_due_time_and_enqueues_nothing():
     assert jobs() == []
 
 
+def test_a_schedules_jobs_carry_its_metadata():
+    schedule = {**MINUTELY, "metadata": {"source": "cron", "n": 1}}
+    JobSchedule.objects.create(name="m", next_run_at=ts("2024-01-01 00:01:00"), cron="0 * * * * *")
+    with with_schedules(m=schedule):
+        assert tick_schedules(now=ts("2024-01-01 00:01:00")) == 1
+    assert Job.objects.get().metadata == {"source": "cron", "n": 1}
+
+
+def test_a_schedules_bad_metadata_is_a_check_error():
+    assert _check(m={**MINUTELY, "metadata": ["not", "a", "dict"]}) == [
+        ("rws_jobs.E104", "schedule 'm': metadata must be a dict, got list ['not', 'a', 'dict']")
+    ]
+
+
 def test_due_enqueues_once_with_its_payload_and_options():
     schedule = {**MINUTELY, "queue": "reports", "priority": 7, "max_retries": 1}
     JobSchedule.objects.create(name="m", next_run_at=ts("2024-01-01 00:01:00"), cron="0 * * * * *")
