@@ -112,13 +112,13 @@ def _succeed(store: Store, job: Claimed, outcome: TaskOutcome, after: dict[str, 
     """Delete the job row and write its result in one transaction: a result exists exactly when
     the fenced deletion applied (tests/test_tasks_worker.py::test_a_late_result_writes_nothing)."""
     with store.writes, store.atomic(), store.cursor() as c:
-        metadata = _metadata(c, [job.id]).get(job.id)
-        if store.features.can_return_deleted:  # with the batch and the dependents' flag
-            found = store.backend.delete_finished(store, c, job.token, [job.id])
+        if store.features.can_return_deleted:  # with the batch, the dependents' flag, the metadata
+            found = store.backend.delete_finished(store, c, job.token, [job.id], metadata=True)
             if not found:
                 return False
-            job.batch_id, job.has_dependents = found[0][1], found[0][2]
+            job.batch_id, job.has_dependents, metadata = found[0][1], found[0][2], found[0][3]
         else:  # (MySQL: the sweeps settle its batch and dependents)
+            metadata = _metadata(c, [job.id]).get(job.id)
             c.execute(
                 "DELETE FROM rws_jobs WHERE id = %s AND status = 'running' AND locked_by = %s",
                 [job.id, job.token],
@@ -141,17 +141,18 @@ def succeed_many(store: Store, pairs: list[tuple[Claimed, TaskOutcome]]) -> list
     for job, _o in pairs:
         by_token.setdefault(job.token, []).append(job.id)
     with store.writes, store.atomic(), store.cursor() as c:
-        metadata = _metadata(c, list(rows))
         found = [
             row
             for token, ids in by_token.items()
-            for row in store.backend.delete_finished(store, c, token, ids)
+            for row in store.backend.delete_finished(store, c, token, ids, metadata=True)
         ]
         deleted = [row[0] for row in found]
-        for job_id, batch_id, has_dependents in found:  # for the batches' and dependents' bookkeeping
+        metadata = {}
+        for job_id, batch_id, has_dependents, meta in found:  # for the batches' and dependents' bookkeeping
             rows[job_id][0].batch_id, rows[job_id][0].has_dependents = batch_id, has_dependents
+            metadata[job_id] = meta
         if deleted:
-            values = [_result_values(*rows[i], metadata.get(i)) for i in deleted]
+            values = [_result_values(*rows[i], metadata[i]) for i in deleted]
             sql = f"{RESULT_INSERT} {', '.join([RESULT_ROW] * len(values))}"
             c.execute(sql, [v for row in values for v in row])
     gone = set(deleted)
@@ -177,8 +178,9 @@ RESULT_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
 def _metadata(c: Any, ids: list[str]) -> dict[str, Any]:
-    """The metadata of the jobs ``ids`` that have any, read before their rows are deleted: a
-    task's result keeps it (tests/test_reports.py::test_a_tasks_result_keeps_its_metadata)."""
+    """The metadata of the jobs ``ids`` that have any, read before their rows are deleted where
+    the deletion cannot return it (MySQL): a task's result keeps it
+    (tests/test_reports.py::test_a_tasks_result_keeps_its_metadata)."""
     c.execute(
         f"SELECT id, metadata FROM rws_jobs WHERE id IN ({', '.join(['%s'] * len(ids))}) "
         "AND metadata IS NOT NULL",

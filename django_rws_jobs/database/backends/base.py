@@ -308,10 +308,14 @@ class BaseBackend(Statements):
 
     # -- completions ------------------------------------------------------------------------------
 
-    def delete_finished(self, store: Store, c: Any, token: str, ids: list[str]) -> list[tuple[str, Any, Any]]:
+    def delete_finished(
+        self, store: Store, c: Any, token: str, ids: list[str], metadata: bool = False
+    ) -> list[tuple[Any, ...]]:
         """Delete the finished jobs ``ids`` that ``token`` still holds; return those deleted, each
-        as (id, batch_id, has_dependents), as the deletion found them (batches.py, dependencies.py)."""
-        store.execute(c, *self.complete_delete(ids, token).add(" RETURNING id, batch_id, has_dependents"))
+        as (id, batch_id, has_dependents), as the deletion found them (batches.py, dependencies.py),
+        and with ``metadata`` their metadata last (a task's result keeps it: tasks/outcomes.py)."""
+        returning = " RETURNING id, batch_id, has_dependents" + (", metadata" if metadata else "")
+        store.execute(c, *self.complete_delete(ids, token).add(returning))
         return c.fetchall()
 
     def rust_claim_marker_sql(self, marker: str) -> str:

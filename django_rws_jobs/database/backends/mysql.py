@@ -255,13 +255,15 @@ class MySQLBackend(BaseBackend):
             store.resume_until = time.monotonic() + RESUME_SECONDS  # from a claim that began at the start
         store.resume = (job.priority, job.next_run_at, job.created_at, job.id)
 
-    def delete_finished(self, store: Store, c: Any, token: str, ids: list[str]) -> list[tuple[str, Any, Any]]:
+    def delete_finished(
+        self, store: Store, c: Any, token: str, ids: list[str], metadata: bool = False
+    ) -> list[tuple[Any, ...]]:
         if self.features.can_return_deleted:
-            return super().delete_finished(store, c, token, ids)
+            return super().delete_finished(store, c, token, ids, metadata)
         # MySQL has no DELETE ... RETURNING: lock what is still ours, then delete it.
         held = (
-            f"SELECT id, batch_id, has_dependents FROM rws_jobs WHERE status = 'running' AND locked_by = %s "
-            f"AND id IN ({placeholders(len(ids))}) FOR UPDATE"
+            f"SELECT id, batch_id, has_dependents{', metadata' if metadata else ''} FROM rws_jobs "
+            f"WHERE status = 'running' AND locked_by = %s AND id IN ({placeholders(len(ids))}) FOR UPDATE"
         )
         with store.atomic():
             c.execute(held, [token, *ids])
