@@ -14,7 +14,8 @@ repeatable to a fraction of a percent. Work done by the clock (lease renewal, re
 pruning of task results, each every so many seconds) would count as work per job, since valgrind
 makes the larger drain last minutes longer: the drains run with a lease of two hours and recovery
 every hour, so none of it falls between start and end. Compare two versions of the code by it,
-not two machines.
+not two machines. `--middleware dotted.path` (repeatable) runs the drains with that middleware
+(`RWS_JOBS["MIDDLEWARE"]`): its cost per job.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ DRAIN = (
 CLOCK_FREE = {"POLL_INTERVAL": 0.5, "LEASE_SECONDS": 7200, "RECOVERY_INTERVAL": 3600}
 
 
-def instructions(db: str, n: int, workers: int = 4) -> int:
+def instructions(db: str, n: int, workers: int = 4, middleware: list[str] | None = None) -> int:
     from benchmarks.run import clear, env_for
     from django_rws_jobs import enqueue_many
 
@@ -54,7 +55,7 @@ def instructions(db: str, n: int, workers: int = 4) -> int:
     out = subprocess.run(
         [*valgrind, sys.executable, "-c", DRAIN.format(workers=workers)],
         cwd=ROOT,
-        env=env_for(db, RWS_BENCH_JOBS=json.dumps(CLOCK_FREE)),
+        env=env_for(db, RWS_BENCH_JOBS=json.dumps({**CLOCK_FREE, "MIDDLEWARE": middleware or []})),
         capture_output=True,
         text=True,
         check=True,
@@ -72,6 +73,12 @@ def main() -> None:
     parser.add_argument("db", nargs="?", default="sqlite", choices=["sqlite", "postgres", "mysql"])
     parser.add_argument("--jobs", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument(
+        "--middleware",
+        action="append",
+        default=[],
+        help="a dotted path for RWS_JOBS['MIDDLEWARE'] (repeatable)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -80,8 +87,8 @@ def main() -> None:
 
     setup_django(args.db)
     reset_database(args.db)
-    small = instructions(args.db, args.jobs, args.workers)
-    large = instructions(args.db, 3 * args.jobs, args.workers)
+    small = instructions(args.db, args.jobs, args.workers, args.middleware)
+    large = instructions(args.db, 3 * args.jobs, args.workers, args.middleware)
     print(
         f"{args.db}, --workers {args.workers}: {(large - small) / (2 * args.jobs):,.0f} instructions "
         "per job in the worker "

@@ -67,8 +67,9 @@ def main() -> None:
         print(json.dumps(child(args.db_child, args)))
         return
     print(
-        "| database | plain (jobs/s) | with progress() (jobs/s) | share | one progress() call |\n"
-        "|---|---|---|---|---|"
+        "| database | plain (jobs/s) | with progress() (jobs/s) | share | one progress() call "
+        "| rounds, plain vs progress |\n"
+        "|---|---|---|---|---|---|"
     )
     for db in args.dbs:
         argv = [
@@ -86,7 +87,11 @@ def main() -> None:
         r = json.loads(done.stdout.strip().splitlines()[-1])
         plain, progress = statistics.median(r["plain"]), statistics.median(r["progress"])
         share = statistics.median(p / q for q, p in zip(r["plain"], r["progress"], strict=True))
-        print(f"| {db} | {plain:,.0f} | {progress:,.0f} | {share:.0%} | {r['call_ns']:.0f} ns |", flush=True)
+        rounds = " / ".join(f"{q:,.0f} vs {p:,.0f}" for q, p in zip(r["plain"], r["progress"], strict=True))
+        print(
+            f"| {db} | {plain:,.0f} | {progress:,.0f} | {share:.0%} | {r['call_ns']:.0f} ns | {rounds} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

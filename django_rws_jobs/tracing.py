@@ -21,6 +21,7 @@ and each attempt, following OpenTelemetry's messaging conventions.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -32,9 +33,10 @@ CARRIER = "_rws.otel"
 SYSTEM = "rws_jobs"
 
 
-def _tracing() -> bool:
+def _configured() -> bool:
     """Whether an SDK is configured: the global provider is no longer the API's proxy."""
-    return not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    provider = trace.get_tracer_provider()
+    return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
 
 
 class OpenTelemetryMiddleware:
@@ -42,6 +44,21 @@ class OpenTelemetryMiddleware:
 
     def __init__(self) -> None:
         self._tracer: trace.Tracer | None = None
+        self._configured = False
+        self._next_look = 0.0  # time.monotonic() of the next look, while no SDK is configured
+
+    def _tracing(self) -> bool:
+        """Whether to trace. A provider is set once per process, so a yes is kept; a no is looked
+        at again a second later (the look reads the environment: a microsecond, too much for
+        every job)."""
+        if self._configured:
+            return True
+        now = time.monotonic()
+        if now < self._next_look:
+            return False
+        self._next_look = now + 1.0
+        self._configured = _configured()
+        return self._configured
 
     @property
     def tracer(self) -> trace.Tracer:
@@ -50,7 +67,7 @@ class OpenTelemetryMiddleware:
         return self._tracer
 
     def enqueue(self, job: Any, call_next: Any) -> Any:
-        if not _tracing():
+        if not self._tracing():
             return call_next()
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEM,
@@ -75,7 +92,7 @@ class OpenTelemetryMiddleware:
             return result
 
     def execute(self, job: Any, call_next: Any) -> Any:
-        if not _tracing():
+        if not self._tracing():
             return call_next()
         from .conf import jobs_settings
 

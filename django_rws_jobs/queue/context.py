@@ -61,7 +61,7 @@ class JobContext:
         "queue",
     )
 
-    def __init__(self, claim: Claimed, alias: str, inline_writes: bool = False):
+    def __init__(self, claim: Claimed, alias: str, inline_writes: bool | None = False):
         #: The job's id.
         self.id: str = claim.id
         #: Its job type (a ``django.tasks`` task's is ``django.tasks:<module path>``).
@@ -73,6 +73,8 @@ class JobContext:
         self._claim = claim  # its token fences what the handler writes
         self._token = claim.token
         self._alias = alias
+        # Whether reports go through the handler's own connection (see reports.py); None: not
+        # known yet, found at the first report (an in-memory SQLite database: True).
         self._inline = inline_writes
         self._batch_row: tuple[str | None, str | None] | None = None
         self._metadata: dict[str, Any] | None = None  # loaded at the first use
@@ -157,6 +159,8 @@ class JobContext:
         if message is not None:
             _check_message(message)
         self._progress = (current, total, message)
+        if self._inline is None:
+            self._inline = _in_memory(self._alias)
         if self._inline:
             from .reports import PROGRESS_SQL, direct, progress_text
 
@@ -179,6 +183,8 @@ class JobContext:
         from .metadata import metadata_text
 
         text = metadata_text(self.metadata)
+        if self._inline is None:
+            self._inline = _in_memory(self._alias)
         in_transaction = not self._inline and _holds_sqlite_write_lock(self._alias)
         if self._inline or in_transaction:
             from .reports import SAVE_SQL, direct, progress_text
@@ -284,6 +290,12 @@ def _check_message(message: Any) -> None:
     text("progress()'s message", message, limit=MESSAGE_MAX, empty=True)
 
 
+def _in_memory(alias: str) -> bool:
+    """An in-memory SQLite database: no other connection sees it."""
+    conn = connections[alias]
+    return bool(conn.vendor == "sqlite" and conn.is_in_memory_db())
+
+
 def _holds_sqlite_write_lock(alias: str) -> bool:
     """Whether the calling thread's transaction holds the queue's SQLite file's one write lock (its
     transactions are IMMEDIATE): another connection's write would wait for it, so a save made now
@@ -339,9 +351,4 @@ def current_job() -> JobContext | None:
 
 def context_of(job: Claimed) -> JobContext:
     """A new JobContext for the attempt that holds ``job``."""
-    alias = _alias()
-    inline_writes = inline.get()
-    if not inline_writes:
-        conn = connections[alias]
-        inline_writes = conn.vendor == "sqlite" and conn.is_in_memory_db()
-    return JobContext(job, alias, inline_writes)
+    return JobContext(job, _alias(), inline.get() or None)

@@ -99,9 +99,11 @@ setting_changed.connect(_reset, dispatch_uid="rws_jobs_middleware")
 
 def around(methods: tuple[Any, ...], job: Any, call: Callable[[], T]) -> T:
     """``call()`` inside ``methods`` (the first outermost), each given ``job``."""
-    for method in reversed(methods):
+    if len(methods) == 1:
+        return methods[0](job, call)
+    for method in reversed(methods[1:]):
         call = _wrap(method, job, call)
-    return call()
+    return methods[0](job, call)
 
 
 def many(alias: str, store: Callable[[dict[str, Any]], list[str]]) -> list[str]:

@@ -135,6 +135,7 @@ class Writer:
         while True:
             if not self.wake.wait(IDLE_CLOSE):
                 self._close()
+                connections.close_all()  # this thread's own, if clock.now() opened one
                 continue
             rest = self.last_write + INTERVAL - time.monotonic()
             if rest > 0:

@@ -296,6 +296,7 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
                         job.context._end()
                     except Exception as unsaved:
                         logger.warning("task %s: its metadata was not saved: %s", job.id, unsaved)
+                    job.context = None  # no cycle (the context holds the claim)
             if handlers is not None:
                 handlers.outcome = (outcome, None)
             return outcome, None
@@ -333,6 +334,8 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
         return describe(exc), tb
     finally:
         running.reset(token)
+        if job.context is not None:
+            job.context = None  # no cycle (the context holds the claim) left for the collector
         _close_old_connections()
     return SUCCEEDED
 
