@@ -262,3 +262,13 @@ def test_an_async_handler_reports_and_saves():
     row = Job.objects.get(id=job_id)
     assert row.metadata == {"n": 1, "async": True}
     assert rws.get_progress(job_id).message == "half"
+
+
+def test_a_failed_attempt_keeps_its_last_progress():
+    """Written at the attempt's end, not left to the writer's next round (which the outcome would
+    beat): the row shows where the attempt stopped."""
+    for n in range(5):
+        job_id = rws.enqueue("test.report", json.dumps({"steps": 3, "total": 4, "fail": True}))
+        assert rws.tick()
+        progress = rws.get_progress(job_id)
+        assert (progress.current, progress.total, progress.message) == (3, 4, "step 3"), n

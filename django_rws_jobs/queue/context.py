@@ -213,21 +213,29 @@ class JobContext:
 
         return bool(await sync_to_async(self.save_metadata)())
 
-    def _end(self) -> None:
-        """The attempt is over: drop its unwritten progress and save its metadata if the handler
-        changed it; TypeError or ValueError for changed metadata that cannot be saved (the
-        attempt fails with it)."""
+    def _end(self, failed: bool = False) -> None:
+        """The attempt is over: save its metadata if the handler changed it; write its unwritten
+        progress if it ``failed`` (the row stays: it shows where the attempt stopped), else drop
+        it. TypeError or ValueError for changed metadata that cannot be saved (the attempt fails
+        with it)."""
         self._ended = True
-        if self._queued:
+        queued = self._queued
+        if queued:
             from .reports import writer
 
             writer(self._alias).forget(self)
+        changed = False
         if self._metadata is not None:
             from .metadata import metadata_text
 
             text = metadata_text(self._metadata)
-            if text != self._saved and not (text == "{}" and self._saved is None):
-                self.save_metadata()
+            changed = text != self._saved and not (text == "{}" and self._saved is None)
+        if changed:
+            self.save_metadata()  # and the latest progress
+        elif failed and queued:
+            from .reports import writer
+
+            writer(self._alias).save(self, None, metadata=False)
 
     def record(self, value: Any) -> bool:
         """Keep ``value`` (JSON, at most OUTPUT_MAX_BYTES of it) as this batch member's output,

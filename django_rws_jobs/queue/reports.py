@@ -76,10 +76,12 @@ def get_progress(job_id: Any, *, using: str | None = None) -> Progress | None:
 
 @dataclass
 class Save:
-    """A ``save_metadata()`` waiting for its write."""
+    """A ``save_metadata()`` waiting for its write; with ``metadata`` False, a write of the latest
+    progress alone (a failed attempt's, at its end)."""
 
     job: JobContext
     text: str | None
+    metadata: bool = True
     done: threading.Event = field(default_factory=threading.Event)
     applied: bool = False
 
@@ -113,9 +115,10 @@ class Writer:
             self.queued.pop(id(job), None)
         job._queued = False
 
-    def save(self, job: JobContext, text: str | None) -> bool:
-        """Write ``job``'s metadata (and its latest progress) now; whether its claim held."""
-        request = Save(job, text)
+    def save(self, job: JobContext, text: str | None, metadata: bool = True) -> bool:
+        """Write ``job``'s metadata (``text``) and its latest progress now, or with ``metadata``
+        False its latest progress alone; whether its claim held."""
+        request = Save(job, text, metadata)
         with self.lock:
             self.saves.append(request)
             self._start()
@@ -162,7 +165,11 @@ class Writer:
         at = clock.now(self.alias)
         saved = {id(s.job) for s in saves}
         for request in saves:
-            request.applied = self._execute(SAVE_SQL, save_params(request.job, request.text, at))
+            if request.metadata:
+                request.applied = self._execute(SAVE_SQL, save_params(request.job, request.text, at))
+            elif request.job._progress is not None:
+                params = [progress_text(request.job._progress), at, request.job.id, request.job._token]
+                request.applied = self._execute(PROGRESS_SQL, params)
         for job in jobs:
             report = job._progress
             if report is not None and id(job) not in saved:

@@ -317,7 +317,7 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
     except Exception as exc:
         if job.context is not None and not job.context._ended:
             try:
-                job.context._end()
+                job.context._end(failed=True)
             except Exception as unsaved:
                 logger.warning("job %s: its metadata was not saved: %s", job.id, unsaved)
         tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
