@@ -48,9 +48,7 @@ class RwsTaskContext(TaskContext):
         return _running().save_metadata()
 
     async def asave_metadata(self) -> bool:
-        from asgiref.sync import sync_to_async
-
-        return await sync_to_async(self.save_metadata)()
+        return bool(await _running().asave_metadata())
 
 
 def _running() -> Any:
