@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 import django_rws_jobs as rws
 from django_rws_jobs.models import Job, Status
@@ -272,3 +273,49 @@ def test_a_failed_attempt_keeps_its_last_progress():
         assert rws.tick()
         progress = rws.get_progress(job_id)
         assert (progress.current, progress.total, progress.message) == (3, 4, "step 3"), n
+
+
+def test_a_failed_attempts_last_progress_stays_when_the_writer_takes_it_at_the_end(tmp_path, monkeypatch):
+    """The writer has taken the report (it is no longer queued) but not written it yet when the
+    handler fails: the attempt's end waits for that write, so the failure, recorded after, does
+    not beat it to the row (context.JobContext._end)."""
+    taken, release = threading.Event(), threading.Event()
+    write = reports.Writer._write
+
+    def held(self, jobs, saves):
+        if jobs and not taken.is_set():
+            taken.set()
+            release.wait(10)
+        return write(self, jobs, saves)
+
+    monkeypatch.setattr(reports.Writer, "_write", held)
+    # The writer's first round waits INTERVAL: it takes the report after all three steps.
+    monkeypatch.setattr(reports.writer(connection.alias), "last_write", time.monotonic())
+    flag = tmp_path / "go"
+    payload = {"steps": 3, "total": 4, "fail": True, "flags": [str(flag), None]}
+    job_id = rws.enqueue("test.report", json.dumps(payload))
+    ticked: list[bool] = []
+
+    def tick() -> None:
+        try:
+            ticked.append(rws.tick())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=tick)
+    thread.start()
+    try:
+        assert taken.wait(10), "the writer never took the report"
+        flag.write_text("")
+        # The handler fails now; its attempt's end must not record the failure before the write.
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and Job.objects.get(id=job_id).status == Status.RUNNING:
+            time.sleep(0.02)
+        assert Job.objects.get(id=job_id).status == Status.RUNNING, "the failure beat the taken report"
+    finally:
+        release.set()
+        thread.join(30)
+    assert ticked == [True]
+    progress = rws.get_progress(job_id)
+    assert (progress.current, progress.total, progress.message) == (3, 4, "step 3")
+    assert Job.objects.get(id=job_id).status == Status.FAILED

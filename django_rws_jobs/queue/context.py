@@ -55,6 +55,7 @@ class JobContext:
         "_queued",
         "_saved",
         "_token",
+        "_written",
         "attempt",
         "id",
         "job_type",
@@ -81,6 +82,7 @@ class JobContext:
         self._saved: str | None = None  # the metadata's JSON as loaded or last saved
         self._progress: tuple[Any, Any, Any] | None = None  # the latest report
         self._queued = False  # the report waits in the writer (reports.Writer)
+        self._written: tuple[Any, Any, Any] | None = None  # the report the writer last wrote
         self._ended = False
 
     def __repr__(self) -> str:
@@ -219,8 +221,7 @@ class JobContext:
         it. TypeError or ValueError for changed metadata that cannot be saved (the attempt fails
         with it)."""
         self._ended = True
-        queued = self._queued
-        if queued:
+        if self._queued:
             from .reports import writer
 
             writer(self._alias).forget(self)
@@ -232,7 +233,11 @@ class JobContext:
             changed = text != self._saved and not (text == "{}" and self._saved is None)
         if changed:
             self.save_metadata()  # and the latest progress
-        elif failed and queued:
+        elif failed and self._progress is not self._written and not self._inline:
+            # Not known to be written: it was queued, or the writer took it and may be writing it
+            # now (the save waits for that round). The failure is recorded after this write, so
+            # the fence still holds (tests/test_reports.py
+            # test_a_failed_attempts_last_progress_stays_when_the_writer_takes_it_at_the_end).
             from .reports import writer
 
             writer(self._alias).save(self, None, metadata=False)

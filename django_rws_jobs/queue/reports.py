@@ -166,14 +166,21 @@ class Writer:
         saved = {id(s.job) for s in saves}
         for request in saves:
             if request.metadata:
+                report = request.job._progress
                 request.applied = self._execute(SAVE_SQL, save_params(request.job, request.text, at))
+                if request.applied and report is not None:
+                    request.job._written = report
             elif request.job._progress is not None:
-                params = [progress_text(request.job._progress), at, request.job.id, request.job._token]
+                report = request.job._progress
+                params = [progress_text(report), at, request.job.id, request.job._token]
                 request.applied = self._execute(PROGRESS_SQL, params)
+                if request.applied:
+                    request.job._written = report
         for job in jobs:
             report = job._progress
             if report is not None and id(job) not in saved:
-                self._execute(PROGRESS_SQL, [progress_text(report), at, job.id, job._token])
+                if self._execute(PROGRESS_SQL, [progress_text(report), at, job.id, job._token]):
+                    job._written = report
 
     def _execute(self, sql: str, params: list[Any]) -> bool:
         if self.conn is None:
