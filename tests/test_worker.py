@@ -616,7 +616,8 @@ def listening() -> int:
 
     with connection.cursor() as c:
         c.execute(
-            "SELECT COUNT(*) FROM pg_stat_activity WHERE query = %s AND pid <> pg_backend_pid()",
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE query = %s AND pid <> pg_backend_pid() "
+            "AND datname = current_database()",
             [f"LISTEN {CHANNEL}"],
         )
         return c.fetchone()[0]
@@ -696,7 +697,8 @@ def test_the_listener_listens_again_after_losing_its_connection(workers):
     w = start_idle_postgres_worker(workers, jobs={"POLL_INTERVAL": 30})  # its next poll 30 s away
     with connection.cursor() as c:
         c.execute(
-            "SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity WHERE query = %s",
+            "SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity WHERE query = %s "
+            "AND datname = current_database()",  # not another test run's workers on the server
             ["LISTEN rws_jobs"],
         )
         killed = {pid for _, pid in c.fetchall()}
@@ -704,7 +706,10 @@ def test_the_listener_listens_again_after_losing_its_connection(workers):
 
     def listening_anew() -> bool:
         with connection.cursor() as c:
-            c.execute("SELECT pid FROM pg_stat_activity WHERE query = %s", ["LISTEN rws_jobs"])
+            c.execute(
+                "SELECT pid FROM pg_stat_activity WHERE query = %s AND datname = current_database()",
+                ["LISTEN rws_jobs"],
+            )
             return bool({pid for (pid,) in c.fetchall()} - killed)
 
     wait_for(listening_anew, timeout=10, what="the listener to listen again")
