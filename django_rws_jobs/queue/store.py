@@ -20,6 +20,8 @@ from ..database.connections import atomic
 from ..flow.concurrency_keys import promote
 from ..models import Status
 
+#: What a deletion of finished jobs returns: each deleted job's id, batch_id and has_dependents.
+DELETED_RETURNING = " RETURNING id, batch_id, has_dependents"
 #: Prefix of the lease given to a running row found without one (a rust-web-server claim).
 RUST_CLAIM_MARKER = "seed:"
 #: What a job that goes back to the queue is set to: pending, or waiting if it has a concurrency
@@ -87,10 +89,14 @@ class Store:
     ) -> tuple[set[str], list[Claimed]]:
         """``complete_many(finished)``, then ``claim(...)``; returns (ids deleted, jobs claimed).
 
-        Where ``features.deletes_with_claim`` (SQLite) both are one transaction: SQLite runs one
-        writer at a time anyway, and a commit and a turn at the write lock fewer per batch made
-        the drain faster (docs/design.md).
+        Where ``features.deletes_with_claim`` both are one transaction: on SQLite, which runs one
+        writer at a time anyway, a transaction around them (a commit and a turn at the write lock
+        fewer per batch); on PostgreSQL, the claim's own query (_finish_in_claim_query: one round
+        trip fewer). See docs/design.md, "Completing jobs".
         """
+        if self.features.deletes_in_claim_query and finished and self.private:
+            claim = lambda: self.claim(token, now, lease_until, queues, limit, probe_first)  # noqa: E731
+            return self._finish_in_claim_query(finished, now, claim)
         if self.features.deletes_with_claim and finished:
             with self.writes, self.atomic():
                 done = self.complete_many(finished)
@@ -101,6 +107,29 @@ class Store:
         done = self.complete_many(finished) if finished else set()
         self.promote_freed(finished, done, now)
         return done, self.claim(token, now, lease_until, queues, limit, probe_first)
+
+    def _finish_in_claim_query(
+        self, finished: Sequence[Claimed], now: int, claim: Callable[[], list[Claimed]]
+    ) -> tuple[set[str], list[Claimed]]:
+        """finish_and_claim where the deletions go in the first query of ``claim()`` (ScopedCursor.defer):
+        one round trip, deleted and claimed in one transaction or neither. The keys the deletions
+        freed are promoted after it; what waits for the deleted jobs is released by
+        batch_outcomes.settle, as for the completer's deletions."""
+        by_token: dict[str, list[str]] = {}
+        for job in finished:
+            by_token.setdefault(job.token, []).append(job.id)
+        with self.cursor() as c:
+            try:
+                for held_by, ids in by_token.items():
+                    delete = self.backend.complete_delete(ids, held_by).add(DELETED_RETURNING)
+                    c.defer(delete.text, delete.params, self.prepare)
+                claimed = claim()
+                deleted = c.take_deferred_rows()
+            finally:
+                c.drop_deferred()  # none left for the next statement, whatever failed
+        done = self._learn(finished, [row for rows in deleted for row in rows])
+        self.promote_freed(finished, done, now)
+        return done, claimed
 
     def promote_freed(
         self, finished: Sequence[Claimed], done: set[str], now: int, in_transaction: bool = False
@@ -128,19 +157,23 @@ class Store:
         by_token: dict[str, list[str]] = {}
         for job in jobs:
             by_token.setdefault(job.token, []).append(job.id)
-        done: set[str] = set()
-        learnt: dict[str, tuple[Any, Any]] = {}
+        rows: list[Any] = []
         with self.writes, self.cursor() as c:
             for token, ids in by_token.items():
-                rows = self.backend.delete_finished(self, c, token, ids)
-                # (list comprehensions: run inline, where a generator would resume once a row)
-                done.update([row[0] for row in rows])
-                learnt.update([(row[0], (row[1], row[2])) for row in rows if row[1] is not None or row[2]])
+                rows += self.backend.delete_finished(self, c, token, ids)
+        return self._learn(jobs, rows)
+
+    @staticmethod
+    def _learn(jobs: Sequence[Claimed], rows: list[Any]) -> set[str]:
+        """The ids of the deleted ``rows`` (id, batch_id, has_dependents); each of ``jobs`` gets
+        its ``batch_id`` and ``has_dependents`` as its deleted row had them."""
+        # (list comprehensions: run inline, where a generator would resume once a row)
+        learnt = dict([(row[0], (row[1], row[2])) for row in rows if row[1] is not None or row[2]])
         if learnt:
             for job in jobs:
                 if job.id in learnt:
                     job.batch_id, job.has_dependents = learnt[job.id]
-        return done
+        return {row[0] for row in rows}
 
     # -- outcomes (each fenced on the claim's token) ---------------------------------------------
 

@@ -53,8 +53,12 @@ class BaseFeatures:
     #: One writer at a time holds the whole database (SQLite): a write transaction sees no other
     #: writer between its reads and its writes.
     serializes_writes = False
-    #: The dispatcher deletes finished jobs in its next claim's transaction (one writer at a time).
+    #: The dispatcher deletes succeeded jobs with its next claim: in the claim's transaction (one
+    #: writer at a time: SQLite), or with ``deletes_in_claim_query`` in the claim's own query.
     deletes_with_claim = False
+    #: The deletions are sent in the claim's simple query, one implicit transaction and one round
+    #: trip (PostgreSQL with psycopg 3: ScopedCursor.defer).
+    deletes_in_claim_query = False
     #: How an idle worker learns of new jobs: "listen" (LISTEN/NOTIFY), "data_version" (SQLite's
     #: PRAGMA data_version) or "poll".
     wakeup = "poll"

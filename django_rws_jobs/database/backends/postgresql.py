@@ -96,7 +96,16 @@ class ScopedCursor(DriverCursor):
     query needs.
     """
 
-    __slots__ = ("_in_transaction", "_names", "_prepares", "_prologue", "_psycopg3", "_texts")
+    __slots__ = (
+        "_deferred",
+        "_deferred_rows",
+        "_in_transaction",
+        "_names",
+        "_prepares",
+        "_prologue",
+        "_psycopg3",
+        "_texts",
+    )
 
     def __init__(self, raw: Any, errors: Any, prologue: str, prepares: bool):
         self._psycopg3 = _is_psycopg3()
@@ -112,9 +121,15 @@ class ScopedCursor(DriverCursor):
         self._names: OrderedDict[str, str] = OrderedDict()
         self._texts: dict[tuple[str, bool, bool], tuple[str, tuple[str, ...]]] = {}
         self._in_transaction = False
+        # Statements to send ahead of the next one, in its simple query, and the rows of those
+        # last sent (see defer).
+        self._deferred: list[tuple[str, Sequence[Any], bool]] = []
+        self._deferred_rows: list[list[Any]] = []
 
     def execute(self, sql: str, params: Sequence[Any] = (), prepare: bool = False) -> Any:
         c = self.cursor
+        if self._deferred:
+            return self._execute_deferred(sql, params, prepare)
         if self._in_transaction:
             if sql in ("COMMIT", "ROLLBACK"):
                 self._in_transaction = False
@@ -125,6 +140,46 @@ class ScopedCursor(DriverCursor):
         self._send(self._text(sql, prepare, True), params)
         if self._psycopg3:
             c.nextset()
+        return c
+
+    def defer(self, sql: str, params: Sequence[Any], prepare: bool = False) -> None:
+        """Send ``sql`` ahead of the next statement, in the same simple query (psycopg 3 only):
+        PostgreSQL runs a simple query's statements as one implicit transaction, so all are
+        written or none, in one round trip (tests/test_pooler.py
+        test_deletes_sent_with_a_claim_roll_back_with_it). ``take_deferred_rows()`` gives the
+        rows each returned, once the next statement has run."""
+        self._deferred.append((sql, params, prepare))
+
+    def take_deferred_rows(self) -> list[list[Any]]:
+        """The rows of the deferred statements last sent, one list per statement; those not sent
+        yet (no statement came after them) are sent now, alone."""
+        if self._deferred:
+            self._execute_deferred("SELECT 1", (), False)
+        rows, self._deferred_rows = self._deferred_rows, []
+        return rows
+
+    def drop_deferred(self) -> None:
+        """Forget deferred statements not sent yet."""
+        self._deferred.clear()
+
+    def _execute_deferred(self, sql: str, params: Sequence[Any], prepare: bool) -> Any:
+        """The deferred statements, then ``sql``, as one simple query; the cursor is left on
+        ``sql``'s result. Whatever happens, they are sent once at most."""
+        c = self.cursor
+        deferred, self._deferred = self._deferred, []
+        if sql in ("BEGIN", "COMMIT", "ROLLBACK"):
+            raise RuntimeError(f"a deferred statement cannot be sent with {sql}")
+        parts = [] if self._in_transaction else [self._prologue]
+        parts += [self._literal(self._text(d, p, False), dp) for d, dp, p in deferred]
+        parts.append(self._literal(self._text(sql, prepare, False), params))
+        c.execute("; ".join(parts))
+        if not self._in_transaction:
+            c.nextset()  # past the prologue's result
+        rows = []
+        for _ in deferred:
+            rows.append(c.fetchall())
+            c.nextset()
+        self._deferred_rows = rows
         return c
 
     def _text(self, sql: str, prepare: bool, prologue: bool) -> tuple[str, tuple[str, ...]]:
@@ -145,12 +200,16 @@ class ScopedCursor(DriverCursor):
         """The text with ``params`` written in as literals, as one simple query."""
         if not self._psycopg3:
             return self.cursor.execute(text[0], params)
+        return self.cursor.execute(self._literal(text, params))
+
+    def _literal(self, text: tuple[str, tuple[str, ...]], params: Sequence[Any]) -> str:
+        """The text with ``params`` written in as literals (psycopg 3)."""
         query = bind(text[1], params)
         if query is None:  # a value bind() leaves to psycopg, which also refuses what it must
             import psycopg
 
             query = psycopg.ClientCursor(self.cursor.connection).mogrify(text[0], params)
-        return self.cursor.execute(query)
+        return query
 
     def _prepared(self, sql: str) -> str:
         """The name ``sql`` is PREPAREd under on this connection (the last MAX_PREPARED kept)."""
@@ -218,6 +277,16 @@ _NAMES = itertools.count(1)
 
 class PostgreSQLFeatures(BaseFeatures):
     wakeup = "listen"
+
+    @cached_property
+    def deletes_with_claim(self) -> bool:  # type: ignore[override]
+        # One round trip and one commit per claim, where two were (docs/design.md, "Dispatcher").
+        return _is_psycopg3()
+
+    @cached_property
+    def deletes_in_claim_query(self) -> bool:  # type: ignore[override]
+        return _is_psycopg3()
+
     max_query_params = 65_535  # the protocol's limit
     shared_lock = " FOR SHARE"
     row_lock = " FOR UPDATE"
