@@ -129,11 +129,13 @@ class Dispatcher:
         with read-only statements first (nothing was due and no hint came), or None to stop."""
         shared = self.shared
         shared.progress.turn(self.ROLE)
+        # Cleared before the succeeded jobs are taken: one that arrives after the take finds the
+        # hint clear, or set since, and the idle wait below returns for it (Executor._outcome).
+        shared.wake.clear()
         size = self._claim_size()
         if size is None:
             return None
         n, finished = size
-        shared.wake.clear()
         # A burst may end only if nothing was running when this look began: a job that
         # finishes meanwhile may have enqueued another.
         busy = shared.free < shared.threads or bool(shared.held)

@@ -167,5 +167,7 @@ class Executor:
                 shared.results.put((job, error, tb))
             shared.free += 1
             shared.cond.notify_all()
-        if with_claim:
-            shared.wake.set()  # an idle dispatcher deletes it now, not after its poll interval
+        if with_claim and not shared.wake.is_set():
+            # An idle dispatcher deletes it now, not after its poll interval; a hint already set
+            # since the dispatcher took the last succeeded jobs does that too (Dispatcher.run_once).
+            shared.wake.set()
