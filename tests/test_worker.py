@@ -595,9 +595,9 @@ def test_a_job_enqueued_inside_the_worker_process_wakes_it(workers):
 
 
 def test_a_finished_job_is_deleted_at_once_by_an_idle_worker(workers):
-    # On SQLite and PostgreSQL the dispatcher deletes finished jobs with its next claim: a worker that goes idle
-    # after the job (its next poll 30 s away) must still delete it now, so that its unique key
-    # is free for the next enqueue.
+    # On SQLite and PostgreSQL the dispatcher deletes finished jobs with its next claim: a worker
+    # that goes idle after the job (its next poll 30 s away) must still delete it now, so that its
+    # unique key is free for the next enqueue.
     # (A no-op handler: a handler's own write would wake an idle SQLite worker anyway.)
     first = rws.enqueue("test.noop", "once", unique="k")
     w = workers("--workers", "2", jobs={"POLL_INTERVAL": 30})
