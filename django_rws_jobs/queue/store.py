@@ -94,10 +94,10 @@ class Store:
         fewer per batch); on PostgreSQL, the claim's own query (_finish_in_claim_query: one round
         trip fewer). See docs/design.md, "Completing jobs".
         """
-        if self.features.deletes_in_claim_query and finished and self.private:
+        if self.features.deletes_in_claim_query and finished and self.private and self.defers():
             claim = lambda: self.claim(token, now, lease_until, queues, limit, probe_first)  # noqa: E731
             return self._finish_in_claim_query(finished, now, claim)
-        if self.features.deletes_with_claim and finished:
+        if self.features.deletes_with_claim and finished and self.features.serializes_writes:
             with self.writes, self.atomic():
                 done = self.complete_many(finished)
                 self.promote_freed(finished, done, now, in_transaction=True)
@@ -107,6 +107,12 @@ class Store:
         done = self.complete_many(finished) if finished else set()
         self.promote_freed(finished, done, now)
         return done, self.claim(token, now, lease_until, queues, limit, probe_first)
+
+    def defers(self) -> bool:
+        """Whether the kept cursor sends deferred statements with the next one (PostgreSQL's
+        ScopedCursor under psycopg 3, MariaDB's DeferringCursor where the driver sends several
+        statements per call)."""
+        return hasattr(self.cursor(), "defer")
 
     def _finish_in_claim_query(
         self, finished: Sequence[Claimed], now: int, claim: Callable[[], list[Claimed]]

@@ -41,6 +41,7 @@ class Dispatcher:
         shared: Shared,
         features: BaseFeatures,
         *,
+        deletes_with_claim: bool | None = None,
         queues: list[str] | None,
         burst: bool,
         max_jobs: int | None,
@@ -48,6 +49,10 @@ class Dispatcher:
     ):
         self.shared = shared
         self.features = features
+        #: features.deletes_with_claim as the worker read it at its start (None: read it here).
+        self.deletes_with_claim = (
+            features.deletes_with_claim if deletes_with_claim is None else deletes_with_claim
+        )
         self.queues = QueueFilter(queues)
         self.keys = KeySweep()
         #: The last claim round began with a sweep of every concurrency key (--burst).
@@ -70,7 +75,7 @@ class Dispatcher:
     def loop(self) -> None:
         shared = self.shared
         with shared.cond:
-            shared.delete_with_claim = self.features.deletes_with_claim
+            shared.delete_with_claim = self.deletes_with_claim
         try:
             idle: bool | None = False
             while idle is not None and not shared.stop.is_set():

@@ -117,6 +117,7 @@ class Worker:
         self.run_schedules = (not burst) if schedules is None else schedules
         self.alias = queue_alias(using)
         self.features = backend_for(connections[self.alias]).features
+        self.deletes_with_claim = False  # features.deletes_with_claim, read at the start (run)
         self.shared = Shared(self.alias, self.threads)
         self.pool = make_pool(pool, max_jobs_per_child, max_memory_per_child, self.alias)
         self.registration = Registration(worker_id(), self.queues, pool, self.threads, heartbeat_interval())
@@ -188,8 +189,15 @@ class Worker:
         """Take back the jobs of lost workers; False when the worker is not to start."""
         holder = Connection(self.alias)
         try:
-            reading, taken = Retry(holder, self.shared.stop).until_stopped(
-                lambda c: (clock.read(c.connection()), recover(c.store())), "recovering at start"
+            # What the dispatcher's deletions depend on is read here, on a connection of this
+            # thread's (MariaDB's asks the server what it is).
+            reading, taken, self.deletes_with_claim = Retry(holder, self.shared.stop).until_stopped(
+                lambda c: (
+                    clock.read(c.connection()),
+                    recover(c.store()),
+                    bool(c.store().features.deletes_with_claim),
+                ),
+                "recovering at start",
             )
             self._register(holder)
             clock.kept_fresh_by_caller()  # the lease keeper reads it from now on
@@ -262,6 +270,7 @@ class Worker:
         roles[Dispatcher.ROLE] = lambda: Dispatcher(
             shared,
             self.features,
+            deletes_with_claim=self.deletes_with_claim,
             queues=self.queues,
             burst=self.burst,
             max_jobs=self.max_jobs,
