@@ -14,6 +14,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parent.parent / "django_rws_jobs"
 
 
@@ -175,3 +177,25 @@ def test_a_type_checking_import_counts_for_the_parts(tmp_path):
 def test_every_module_is_in_a_part():
     for name in modules():
         part_of(name)  # raises for a module of no part
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_without_schedules_does_not_load_croniter():
+    """croniter (and dateutil with it) is imported at the first due time a schedule asks for
+    (schedules/cron.py): a worker that runs no schedule keeps that memory."""
+    import django_rws_jobs as rws
+    from tests.conftest import run_python
+
+    rws.enqueue("test.noop", "x")
+    code = (
+        "import sys\n"
+        "from django.core.management import call_command\n"
+        "call_command('rws_worker', burst=True, verbosity=0)\n"
+        "print('LOADED', 'croniter' in sys.modules, 'dateutil' in sys.modules)\n"
+    )
+    out, _ = run_python(code).communicate(timeout=120)
+    assert "LOADED False False" in out, out
+    from django_rws_jobs.models import Job
+
+    assert not Job.objects.exists()  # the worker ran its job

@@ -21,8 +21,6 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from croniter import CroniterBadDateError, croniter
-
 #: (name, lowest, highest) of the six fields, in order; day-of-week also takes 7 for Sunday.
 FIELDS = (
     ("second", 0, 59),
@@ -101,6 +99,11 @@ class Cron:
 
     def next_after(self, t: int) -> int:
         """The first due time strictly after unix second ``t``."""
+        # Imported at the first due time asked for: a worker without schedules never loads croniter
+        # and dateutil, about 1 MB of its memory (tests/test_imports.py
+        # test_a_worker_without_schedules_does_not_load_croniter).
+        from croniter import CroniterBadDateError, croniter
+
         start = dt.datetime.fromtimestamp(int(t), dt.timezone.utc)
         try:
             it = croniter(
