@@ -15,13 +15,11 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..database.backends import backend_for
 from ..database.backends.claimed import Claimed
-from ..database.backends.statements import Sql
+from ..database.backends.statements import DELETED_RETURNING, Sql
 from ..database.connections import atomic
 from ..flow.concurrency_keys import promote
 from ..models import Status
 
-#: What a deletion of finished jobs returns: each deleted job's id, batch_id and has_dependents.
-DELETED_RETURNING = " RETURNING id, batch_id, has_dependents"
 #: Prefix of the lease given to a running row found without one (a rust-web-server claim).
 RUST_CLAIM_MARKER = "seed:"
 #: What a job that goes back to the queue is set to: pending, or waiting if it has a concurrency
@@ -91,8 +89,8 @@ class Store:
 
         Where ``features.deletes_with_claim`` both are one transaction: on SQLite, which runs one
         writer at a time anyway, a transaction around them (a commit and a turn at the write lock
-        fewer per batch); on PostgreSQL, the claim's own query (_finish_in_claim_query: one round
-        trip fewer). See docs/design.md, "Completing jobs".
+        fewer per batch); on PostgreSQL and MariaDB, the claim's own first call
+        (_finish_in_claim_query: one round trip fewer). See docs/design.md, "Completing jobs".
         """
         if self.features.deletes_in_claim_query and finished and self.private and self.defers():
             claim = lambda: self.claim(token, now, lease_until, queues, limit, probe_first)  # noqa: E731
@@ -117,16 +115,13 @@ class Store:
     def _finish_in_claim_query(
         self, finished: Sequence[Claimed], now: int, claim: Callable[[], list[Claimed]]
     ) -> tuple[set[str], list[Claimed]]:
-        """finish_and_claim where the deletions go in the first query of ``claim()`` (ScopedCursor.defer):
-        one round trip, deleted and claimed in one transaction or neither. The keys the deletions
-        freed are promoted after it; what waits for the deleted jobs is released by
-        batch_outcomes.settle, as for the completer's deletions."""
-        by_token: dict[str, list[str]] = {}
-        for job in finished:
-            by_token.setdefault(job.token, []).append(job.id)
+        """finish_and_claim where the deletions go in the first call of ``claim()`` (the kept
+        cursor's ``defer``): one round trip, deleted and claimed in one transaction or neither.
+        The keys the deletions freed are promoted after it; what waits for the deleted jobs is
+        released by batch_outcomes.settle, as for the completer's deletions."""
         with self.cursor() as c:
             try:
-                for held_by, ids in by_token.items():
+                for held_by, ids in _by_token(finished).items():
                     delete = self.backend.complete_delete(ids, held_by).add(DELETED_RETURNING)
                     c.defer(delete.text, delete.params, self.prepare)
                 claimed = claim()
@@ -160,12 +155,9 @@ class Store:
     def complete_many(self, jobs: Sequence[Claimed]) -> set[str]:
         """Delete finished jobs in one statement per claim; return the ids this worker still held.
         Each job gets its ``batch_id`` and ``has_dependents`` as its deleted row had them."""
-        by_token: dict[str, list[str]] = {}
-        for job in jobs:
-            by_token.setdefault(job.token, []).append(job.id)
         rows: list[Any] = []
         with self.writes, self.cursor() as c:
-            for token, ids in by_token.items():
+            for token, ids in _by_token(jobs).items():
                 rows += self.backend.delete_finished(self, c, token, ids)
         return self._learn(jobs, rows)
 
@@ -318,3 +310,11 @@ class Store:
 
 
 __all__ = ["Claimed", "Status", "Store", "atomic"]
+
+
+def _by_token(jobs: Sequence[Claimed]) -> dict[str, list[str]]:
+    """The ids of ``jobs`` by the claim that holds them: one fenced deletion each."""
+    by_token: dict[str, list[str]] = {}
+    for job in jobs:
+        by_token.setdefault(job.token, []).append(job.id)
+    return by_token

@@ -18,7 +18,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from .claimed import CLAIM_COLUMNS, Claimed
 from .cursors import DriverCursor
 from .inserts import insert_multirow
-from .statements import Sql, Statements, band_order_key, one_queue
+from .statements import DELETED_RETURNING, Sql, Statements, band_order_key, one_queue
 
 #: Member rows per INSERT (two parameters each: within SQLite's 999 of old builds).
 MEMBERS_PER_INSERT = 400
@@ -318,7 +318,7 @@ class BaseBackend(Statements):
         """Delete the finished jobs ``ids`` that ``token`` still holds; return those deleted, each
         as (id, batch_id, has_dependents), as the deletion found them (batches.py, dependencies.py),
         and with ``metadata`` their metadata last (a task's result keeps it: tasks/outcomes.py)."""
-        returning = " RETURNING id, batch_id, has_dependents" + (", metadata" if metadata else "")
+        returning = DELETED_RETURNING + (", metadata" if metadata else "")
         store.execute(c, *self.complete_delete(ids, token).add(returning))
         return c.fetchall()
 

@@ -145,7 +145,7 @@ class ScopedCursor(DriverCursor):
     def defer(self, sql: str, params: Sequence[Any], prepare: bool = False) -> None:
         """Send ``sql`` ahead of the next statement, in the same simple query (psycopg 3 only):
         PostgreSQL runs a simple query's statements as one implicit transaction, so all are
-        written or none, in one round trip (tests/test_pooler.py
+        written or none, in one round trip (tests/test_deletes_with_claim.py
         test_deletes_sent_with_a_claim_roll_back_with_it). ``take_deferred_rows()`` gives the
         rows each returned, once the next statement has run."""
         self._deferred.append((sql, params, prepare))
@@ -280,7 +280,7 @@ class PostgreSQLFeatures(BaseFeatures):
 
     @cached_property
     def deletes_with_claim(self) -> bool:  # type: ignore[override]
-        # One round trip and one commit per claim, where two were (docs/design.md, "Dispatcher").
+        # One round trip and one commit per claim, where two were (docs/design.md, "Completing jobs").
         return _is_psycopg3()
 
     @cached_property

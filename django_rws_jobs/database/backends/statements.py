@@ -42,6 +42,8 @@ class Sql:
 
 
 CLAIM_SET = "status = 'running', locked_by = %s, locked_until = %s, started_at = %s"
+#: What a deletion of finished jobs returns: each deleted job's id, batch_id and has_dependents.
+DELETED_RETURNING = " RETURNING id, batch_id, has_dependents"
 #: Bands without due jobs a claim's band walk passes before it looks for the highest due band by
 #: reading the due rows (see due_band_select).
 MAX_BAND_WALK = 64
