@@ -4,6 +4,7 @@ endpoint, parsed as Prometheus parses it."""
 import select
 import threading
 import time
+import weakref
 
 import pytest
 from django.db import connection
@@ -77,6 +78,23 @@ def test_counters_add_up_per_minute_queue_and_job_type_across_writes():
         (minute, "mail"): (0, 1, 0, 0, 1, 2.0, 2.0, 5),
         (minute + 60, "default"): (0, 0, 0, 1, 0, 0.0, 0.0, 0),
     }
+
+
+def test_the_counters_keep_no_ended_job_until_the_write():
+    # Counters.ended keeps each job's queue, job type and outcome, not the job: a worker would
+    # otherwise hold up to a second's jobs (FLUSH_EVERY) in memory between two writes.
+    counters = metrics.Counters()
+    alike, mixed = [job(), job()], [job(), job("mail")]
+    refs = [weakref.ref(j) for j in alike + mixed]
+    counters.ended(alike, ["done", "done"])
+    counters.ended(mixed, ["retry", "dead"])
+    del alike, mixed
+    assert [r() for r in refs] == [None] * 4
+    minute = T - T % 60
+    assert counters.take(T, T) == [
+        [minute, "default", "t.x", 2, 1, 0, 0, 0, 0.0, 0.0, 0],
+        [minute, "mail", "t.x", 0, 1, 1, 0, 0, 0.0, 0.0, 0],
+    ]
 
 
 def test_pruning_keeps_the_counters_monotonic(admin_client):

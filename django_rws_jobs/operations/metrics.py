@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections import Counter, deque
 from collections.abc import Sequence
-from itertools import chain, groupby
+from itertools import groupby
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -43,16 +43,17 @@ JOB_TYPE_MAX = 191
 class Counters:
     """One worker's counters not written yet.
 
-    The executors and the recorders only append an event to a deque (one C call, no lock: the
-    per-job cost of the counters, measured in docs/benchmarks.md); ``take`` adds them up per
-    queue and job type, with C-level sorts, counts and sums, in the minute of the write that
-    carries them (at most FLUSH_EVERY late). Rows a write could not store wait in ``pending``."""
+    The executors append an event per run to a deque and the recorders one per batch (C calls,
+    no lock: the per-job cost of the counters, measured in docs/benchmarks.md); ``take`` adds
+    them up per queue and job type, with C-level sorts, counts and sums, in the minute of the
+    write that carries them (at most FLUSH_EVERY late). Rows a write could not store wait in ``pending``."""
 
     def __init__(self) -> None:
         # (queue, job type, seconds, start on time.monotonic(), next_run_at)
         self.runs: deque[tuple[str, str, float, float, int]] = deque()
-        # (jobs, outcomes): a batch's jobs live until the next write (FLUSH_EVERY)
-        self.ends: deque[tuple[tuple[Any, ...], Sequence[str]]] = deque()
+        # ((queue, job type), outcomes) of a batch of one queue and job type, else
+        # (None, (queue, job type, outcome) each): not the jobs, which would live until the write
+        self.ends: deque[tuple[tuple[str, str] | None, Sequence[Any]]] = deque()
         self.pending: dict[tuple[int, str, str], list[float]] = {}
 
     def ran(self, job: Any, seconds: float, started: float) -> None:
@@ -61,7 +62,13 @@ class Counters:
 
     def ended(self, jobs: Sequence[Any], outcomes: Sequence[str]) -> None:
         """The outcomes recorded for ``jobs`` (lost ones count nowhere)."""
-        self.ends.append((tuple(jobs), outcomes))
+        if not jobs:
+            return
+        queues, types = tuple(map(_QUEUE, jobs)), tuple(map(_TYPE, jobs))
+        if _alike(queues) and _alike(types) and len(outcomes) == len(jobs):
+            self.ends.append(((queues[0], types[0]), outcomes))
+        else:
+            self.ends.append((None, tuple(zip(queues, types, outcomes, strict=False))))
 
     def take(self, now: float, mono: float) -> Batch:
         """The rows to write (KEYS + ADDS + MAXES each), forgotten here. ``now`` and ``mono``:
@@ -97,19 +104,17 @@ class Counters:
                 # Each start on the queue's clock is now - (mono - start): its wait, start - due.
                 r[6] += len(seconds) * (now - mono) + sum(starts) - sum(dues)
                 r[7] = max(r[7], max(seconds))
-        ends = [self.ends.popleft() for _ in range(len(self.ends))]
-        if ends:
-            jobs = tuple(chain.from_iterable(map(_JOBS, ends)))
-            ended = tuple(chain.from_iterable(map(_OUTCOMES, ends)))
-            queues, types = tuple(map(_QUEUE, jobs)), tuple(map(_TYPE, jobs))
-            counted = (
-                Counter({(queues[0], types[0], outcome): n for outcome, n in Counter(ended).items()})
-                if jobs and _alike(queues) and _alike(types) and len(ended) == len(jobs)
-                else Counter(zip(queues, types, ended, strict=False))
-            )
-            for (queue, job_type, outcome), n in counted.items():
-                for index in OUTCOME_INDEXES.get(outcome, ()):
-                    row(queue, job_type)[index] += n
+        counted: Counter[tuple[str, str, str]] = Counter()
+        for _ in range(len(self.ends)):
+            key, ended = self.ends.popleft()
+            if key is None:
+                counted.update(ended)
+            else:
+                for outcome, n in Counter(ended).items():
+                    counted[(key[0], key[1], outcome)] += n
+        for (queue, job_type, outcome), n in counted.items():
+            for index in OUTCOME_INDEXES.get(outcome, ()):
+                row(queue, job_type)[index] += n
         return Batch([*key, *values] for key, values in sorted(rows.items()))
 
     def give_back(self, rows: Sequence[Sequence[Any]]) -> None:
@@ -135,7 +140,6 @@ class Batch(list[list[Any]]):
 
 
 _QUEUE_AND_TYPE = itemgetter(0, 1)
-_JOBS, _OUTCOMES = itemgetter(0), itemgetter(1)
 _QUEUE, _TYPE = attrgetter("queue"), attrgetter("job_type")
 
 
