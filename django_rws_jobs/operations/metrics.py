@@ -15,6 +15,7 @@ transaction, so the Prometheus counters (totals plus minutes) never go down
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter, deque
 from collections.abc import Sequence
 from itertools import groupby
@@ -35,6 +36,8 @@ OUTCOME_COLUMNS = {
 }
 #: Seconds between two writes of a worker's counters.
 FLUSH_EVERY = 1.0
+#: Runs a worker keeps one by one: the executor whose run makes this many adds them up.
+FOLD_AT = 256
 #: Minutes a worker prunes in one transaction.
 PRUNE_BATCH = 1000
 JOB_TYPE_MAX = 191
@@ -44,9 +47,13 @@ class Counters:
     """One worker's counters not written yet.
 
     The executors append an event per run to a deque and the recorders one per batch (C calls,
-    no lock: the per-job cost of the counters, measured in docs/benchmarks.md); ``take`` adds
-    them up per queue and job type, with C-level sorts, counts and sums, in the minute of the
-    write that carries them (at most FLUSH_EVERY late). Rows a write could not store wait in ``pending``."""
+    no lock: the per-job cost of the counters, measured in docs/benchmarks.md). The runs are
+    added up per queue and job type, with C-level sorts, counts and sums, by the executor whose
+    run makes FOLD_AT of them (so a worker keeps at most about FOLD_AT runs, not a second's:
+    tests/test_metrics.py::test_the_counters_add_up_runs_as_they_come) and by ``take``, in the
+    minute of the write that carries them (at most FLUSH_EVERY late). ``_folding`` is held by
+    whoever adds them up, so each run is taken once. Rows a write could not store wait in
+    ``pending``."""
 
     def __init__(self) -> None:
         # (queue, job type, seconds, start on time.monotonic(), next_run_at)
@@ -55,10 +62,43 @@ class Counters:
         # (None, (queue, job type, outcome) each): not the jobs, which would live until the write
         self.ends: deque[tuple[tuple[str, str] | None, Sequence[Any]]] = deque()
         self.pending: dict[tuple[int, str, str], list[float]] = {}
+        # (queue, job type): [runs, sum of seconds, sum of starts, sum of next_run_at, max seconds]
+        self.folded: dict[tuple[str, str], list[float]] = {}
+        self._folding = threading.Lock()
 
     def ran(self, job: Any, seconds: float, started: float) -> None:
         """An attempt of ``job`` ran ``seconds`` from ``started`` (``time.monotonic()``)."""
         self.runs.append((job.queue, job.job_type, seconds, started, job.next_run_at))
+        if len(self.runs) >= FOLD_AT and self._folding.acquire(blocking=False):
+            try:
+                self._fold()
+            finally:
+                self._folding.release()
+
+    def _fold(self) -> None:
+        """Add the runs up into ``folded`` (the caller holds ``_folding``)."""
+        runs = [self.runs.popleft() for _ in range(len(self.runs))]
+        if not runs:
+            return
+        queues, types, seconds, starts, dues = zip(*runs, strict=True)
+        # Most runs are of one queue and job type: C-level sums of the columns, no sort.
+        groups = (
+            [((queues[0], types[0]), (seconds, starts, dues))]
+            if _alike(queues) and _alike(types)
+            else [
+                ((queue, job_type), tuple(zip(*group, strict=True))[2:])
+                for (queue, job_type), group in groupby(sorted(runs, key=_QUEUE_AND_TYPE), _QUEUE_AND_TYPE)
+            ]
+        )
+        for key, (seconds, starts, dues) in groups:
+            total = self.folded.get(key)
+            if total is None:
+                total = self.folded[key] = [0, 0.0, 0.0, 0, 0.0]
+            total[0] += len(seconds)
+            total[1] += sum(seconds)
+            total[2] += sum(starts)
+            total[3] += sum(dues)
+            total[4] = max(total[4], max(seconds))
 
     def ended(self, jobs: Sequence[Any], outcomes: Sequence[str]) -> None:
         """The outcomes recorded for ``jobs`` (lost ones count nowhere)."""
@@ -83,27 +123,16 @@ class Counters:
                 found = rows[key] = [0] * (len(ADDS) + len(MAXES))
             return found
 
-        runs = [self.runs.popleft() for _ in range(len(self.runs))]
-        if runs:
-            queues, types, seconds, starts, dues = zip(*runs, strict=True)
-            # Most writes carry one queue and job type: C-level sums of the columns, no sort.
-            groups = (
-                [((queues[0], types[0]), (seconds, starts, dues))]
-                if _alike(queues) and _alike(types)
-                else [
-                    ((queue, job_type), tuple(zip(*group, strict=True))[2:])
-                    for (queue, job_type), group in groupby(
-                        sorted(runs, key=_QUEUE_AND_TYPE), _QUEUE_AND_TYPE
-                    )
-                ]
-            )
-            for (queue, job_type), (seconds, starts, dues) in groups:
-                r = row(queue, job_type)
-                r[4] += len(seconds)
-                r[5] += sum(seconds)
-                # Each start on the queue's clock is now - (mono - start): its wait, start - due.
-                r[6] += len(seconds) * (now - mono) + sum(starts) - sum(dues)
-                r[7] = max(r[7], max(seconds))
+        with self._folding:
+            self._fold()
+            folded, self.folded = self.folded, {}
+        for (queue, job_type), (n, seconds, starts, dues, longest) in folded.items():
+            r = row(queue, job_type)
+            r[4] += n
+            r[5] += seconds
+            # Each start on the queue's clock is now - (mono - start): its wait, start - due.
+            r[6] += n * (now - mono) + starts - dues
+            r[7] = max(r[7], longest)
         counted: Counter[tuple[str, str, str]] = Counter()
         for _ in range(len(self.ends)):
             key, ended = self.ends.popleft()
