@@ -15,6 +15,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 PACKAGE = Path(__file__).resolve().parent.parent / "django_rws_jobs"
 
@@ -196,6 +197,29 @@ def test_a_worker_without_schedules_does_not_load_croniter():
     )
     out, _ = run_python(code).communicate(timeout=120)
     assert "LOADED False False" in out, out
+    from django_rws_jobs.models import Job
+
+    assert not Job.objects.exists()  # the worker ran its job
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_process_loads_only_the_backends_of_its_databases():
+    """A vendor's backend module is imported at its database's first connection
+    (database/backends/__init__.py): a worker loads its own database's backend, not the others'."""
+    import django_rws_jobs as rws
+    from tests.conftest import run_python
+
+    rws.enqueue("test.noop", "x")
+    code = (
+        "import sys\n"
+        "from django.core.management import call_command\n"
+        "call_command('rws_worker', burst=True, verbosity=0)\n"
+        "print('LOADED', sorted(v for v in ('mysql', 'postgresql', 'sqlite') "
+        "if f'django_rws_jobs.database.backends.{v}' in sys.modules))\n"
+    )
+    out, _ = run_python(code).communicate(timeout=120)
+    assert f"LOADED {[connection.vendor]}" in out, out
     from django_rws_jobs.models import Job
 
     assert not Job.objects.exists()  # the worker ran its job

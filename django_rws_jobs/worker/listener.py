@@ -17,7 +17,6 @@ from django.db import connections
 
 from ..conf import jobs_settings
 from ..database import deadline
-from ..database.backends.postgresql import behind_transaction_pooler
 from .reconnect import Connection, Retry
 
 CHANNEL = "rws_jobs"
@@ -32,6 +31,8 @@ def listen_alias(alias: str) -> str | None:
     then poll every POLL_INTERVAL (tests/test_pooler.py)."""
     if jobs_settings.LISTEN_DATABASE is not None:
         return str(jobs_settings.LISTEN_DATABASE)
+    from ..database.backends.postgresql import behind_transaction_pooler  # (PostgreSQL's only)
+
     return None if behind_transaction_pooler(connections.settings[alias]) else alias
 
 
