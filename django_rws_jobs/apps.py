@@ -13,9 +13,8 @@ class RwsJobsConfig(AppConfig):
         from .database import clock
         from .database.connections import configure_connection
         from .queue.registry import TASK_PREFIX, autodiscover, registry
-        from .tasks.rows import TaskRows
 
         models.queue_now = clock.now
         connection_created.connect(configure_connection, dispatch_uid="django_rws_jobs.configure_connection")
-        registry.row_runners[TASK_PREFIX] = TaskRows()
+        registry.row_runners[TASK_PREFIX] = "django_rws_jobs.tasks.rows.TaskRows"
         autodiscover()

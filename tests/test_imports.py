@@ -223,3 +223,27 @@ def test_a_process_loads_only_the_backends_of_its_databases():
     from django_rws_jobs.models import Job
 
     assert not Job.objects.exists()  # the worker ran its job
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_thread_pool_worker_of_jobs_loads_neither_the_process_pool_nor_the_tasks_runner():
+    """The process pool (worker/pool.py and child.py, which import multiprocessing) loads for
+    ``--pool processes`` only, the runner of django.tasks rows (tasks/rows.py) at the first such
+    row (queue/registry.py). (Django's SQLite backend imports multiprocessing itself.)"""
+    import django_rws_jobs as rws
+    from tests.conftest import run_python
+
+    rws.enqueue("test.noop", "x")
+    code = (
+        "import sys\n"
+        "from django.core.management import call_command\n"
+        "call_command('rws_worker', burst=True, verbosity=0)\n"
+        "print('LOADED', [m for m in ('django_rws_jobs.worker.pool', 'django_rws_jobs.worker.child', "
+        "'django_rws_jobs.tasks.rows') if m in sys.modules])\n"
+    )
+    out, _ = run_python(code).communicate(timeout=120)
+    assert "LOADED []" in out, out
+    from django_rws_jobs.models import Job
+
+    assert not Job.objects.exists()  # the worker ran its job

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from asgiref.sync import iscoroutinefunction
+from django.utils.module_loading import import_string
 
 from ..database.validation import (
     INT32_MAX,
@@ -68,7 +69,9 @@ class Registry:
         # Every declaration is kept, so that a name declared twice is reported by a system check
         # (rws_jobs.E105) instead of one declaration silently winning.
         self._schedule_decls: list[tuple[str, Any, Any]] = []
-        self.row_runners: dict[str, RowRunner] = {}  # job_type prefix -> runner (tasks/rows.py)
+        # job_type prefix -> runner (tasks/rows.py), or the dotted path of its class, made at the
+        # first row of the prefix (so a worker that runs no such row does not import it)
+        self.row_runners: dict[str, RowRunner | str] = {}
 
     def register(self, job_type: str, func: Handler, **options: Any) -> Handler:
         if not isinstance(job_type, str) or not job_type:
@@ -117,6 +120,8 @@ class Registry:
         ``get`` found no handler, so a handler's row pays nothing for it)."""
         for prefix, runner in self.row_runners.items():
             if job_type.startswith(prefix):
+                if isinstance(runner, str):  # two threads may both make one: runners keep no state
+                    runner = self.row_runners[prefix] = import_string(runner)()
                 return runner
         return None
 

@@ -14,13 +14,14 @@ thread (``django_rws_jobs.tick``). The top part but for the entry points: it may
 below it (tests/test_imports.py). docs/design.md describes the roles.
 """
 
+from typing import Any
+
 from ..queue.ids import claim_token, worker_id
 from .completer import Completer
 from .dispatcher import Dispatcher
 from .executor import Executor
 from .keeper import LeaseKeeper
 from .listener import Listener
-from .pool import ProcessExecutor
 from .scheduler import Scheduler
 from .shared import Shared
 from .supervisor import Worker
@@ -40,3 +41,12 @@ __all__ = [
     "claim_token",
     "worker_id",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # The process pool (worker/pool.py, and multiprocessing with it) loads only when it is used.
+    if name == "ProcessExecutor":
+        from .pool import ProcessExecutor
+
+        return ProcessExecutor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -34,7 +34,6 @@ from .dispatcher import Dispatcher
 from .executor import Executor
 from .keeper import LeaseKeeper
 from .listener import Listener, listen_alias
-from .pool import ProcessExecutor, make_pool
 from .reconnect import Connection, Retry
 from .scheduler import Scheduler
 from .shared import Shared
@@ -119,7 +118,11 @@ class Worker:
         self.features = backend_for(connections[self.alias]).features
         self.deletes_with_claim = False  # features.deletes_with_claim, read at the start (run)
         self.shared = Shared(self.alias, self.threads)
-        self.pool = make_pool(pool, max_jobs_per_child, max_memory_per_child, self.alias)
+        self.pool = None  # the thread pool; the process pool (and multiprocessing) loads for its own use
+        if (pool, max_jobs_per_child, max_memory_per_child) != ("threads", None, None):
+            from .pool import make_pool
+
+            self.pool = make_pool(pool, max_jobs_per_child, max_memory_per_child, self.alias)
         self.registration = Registration(worker_id(), self.queues, pool, self.threads, heartbeat_interval())
         self.heartbeat_file = heartbeat_file
         #: The pid of the process that started this one (rws_worker --processes): once it is gone
@@ -264,6 +267,8 @@ class Worker:
             }
             roles[Watchdog.ROLE] = self._watchdog.loop
         else:
+            from .pool import ProcessExecutor
+
             roles = {
                 f"rws-job-{i}": lambda: ProcessExecutor(shared, pool).loop() for i in range(self.threads)
             }
