@@ -180,12 +180,11 @@ def test_every_module_is_in_a_part():
         part_of(name)  # raises for a module of no part
 
 
-@pytest.mark.slow
-@pytest.mark.django_db(transaction=True)
-def test_a_worker_without_schedules_does_not_load_croniter():
-    """croniter (and dateutil with it) is imported at the first due time a schedule asks for
-    (schedules/cron.py): a worker that runs no schedule keeps that memory."""
+def loaded_by_a_burst_worker(*modules: str) -> list[str]:
+    """Which of ``modules`` a process has imported after django.setup() and a burst worker that
+    ran one job."""
     import django_rws_jobs as rws
+    from django_rws_jobs.models import Job
     from tests.conftest import run_python
 
     rws.enqueue("test.noop", "x")
@@ -193,13 +192,21 @@ def test_a_worker_without_schedules_does_not_load_croniter():
         "import sys\n"
         "from django.core.management import call_command\n"
         "call_command('rws_worker', burst=True, verbosity=0)\n"
-        "print('LOADED', 'croniter' in sys.modules, 'dateutil' in sys.modules)\n"
+        f"print('LOADED', [m for m in {list(modules)!r} if m in sys.modules])\n"
     )
     out, _ = run_python(code).communicate(timeout=120)
-    assert "LOADED False False" in out, out
-    from django_rws_jobs.models import Job
+    assert not Job.objects.exists(), out  # the worker ran its job
+    found = [line for line in out.splitlines() if line.startswith("LOADED ")]
+    assert found, out
+    return ast.literal_eval(found[-1].removeprefix("LOADED "))
 
-    assert not Job.objects.exists()  # the worker ran its job
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_without_schedules_does_not_load_croniter():
+    """croniter (and dateutil with it) is imported at the first due time a schedule asks for
+    (schedules/cron.py): a worker that runs no schedule keeps that memory."""
+    assert loaded_by_a_burst_worker("croniter", "dateutil") == []
 
 
 @pytest.mark.slow
@@ -207,22 +214,9 @@ def test_a_worker_without_schedules_does_not_load_croniter():
 def test_a_process_loads_only_the_backends_of_its_databases():
     """A vendor's backend module is imported at its database's first connection
     (database/backends/__init__.py): a worker loads its own database's backend, not the others'."""
-    import django_rws_jobs as rws
-    from tests.conftest import run_python
-
-    rws.enqueue("test.noop", "x")
-    code = (
-        "import sys\n"
-        "from django.core.management import call_command\n"
-        "call_command('rws_worker', burst=True, verbosity=0)\n"
-        "print('LOADED', sorted(v for v in ('mysql', 'postgresql', 'sqlite') "
-        "if f'django_rws_jobs.database.backends.{v}' in sys.modules))\n"
-    )
-    out, _ = run_python(code).communicate(timeout=120)
-    assert f"LOADED {[connection.vendor]}" in out, out
-    from django_rws_jobs.models import Job
-
-    assert not Job.objects.exists()  # the worker ran its job
+    vendors = ("mysql", "postgresql", "sqlite")
+    loaded = loaded_by_a_burst_worker(*(f"django_rws_jobs.database.backends.{v}" for v in vendors))
+    assert loaded == [f"django_rws_jobs.database.backends.{connection.vendor}"]
 
 
 @pytest.mark.slow
@@ -231,19 +225,5 @@ def test_a_thread_pool_worker_of_jobs_loads_neither_the_process_pool_nor_the_tas
     """The process pool (worker/pool.py and child.py, which import multiprocessing) loads for
     ``--pool processes`` only, the runner of django.tasks rows (tasks/rows.py) at the first such
     row (queue/registry.py). (Django's SQLite backend imports multiprocessing itself.)"""
-    import django_rws_jobs as rws
-    from tests.conftest import run_python
-
-    rws.enqueue("test.noop", "x")
-    code = (
-        "import sys\n"
-        "from django.core.management import call_command\n"
-        "call_command('rws_worker', burst=True, verbosity=0)\n"
-        "print('LOADED', [m for m in ('django_rws_jobs.worker.pool', 'django_rws_jobs.worker.child', "
-        "'django_rws_jobs.tasks.rows') if m in sys.modules])\n"
-    )
-    out, _ = run_python(code).communicate(timeout=120)
-    assert "LOADED []" in out, out
-    from django_rws_jobs.models import Job
-
-    assert not Job.objects.exists()  # the worker ran its job
+    modules = ("worker.pool", "worker.child", "tasks.rows")
+    assert loaded_by_a_burst_worker(*(f"django_rws_jobs.{m}" for m in modules)) == []
