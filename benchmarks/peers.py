@@ -8,10 +8,15 @@ start - the first's): every system's handler appends its start time to a file wi
 (peerapps/stamps.py), and nothing else. Beside ours (`rws_worker --workers 4`):
 
 - SQLite: Huey 3.5.4, SqliteHuey, `huey_consumer -w 4 -k thread`;
-- PostgreSQL: Oban for Python 0.7.0, `oban start --queues default:4` (asyncio, four at once).
+- PostgreSQL: Oban for Python 0.7.0, `oban start --queues default:4` (asyncio, four at once);
+  and the Django-based peers, each with Django's contenttypes app beside it as ours has:
+  procrastinate 3.10.0 (`python -m django procrastinate worker --concurrency 4`) and django-ox
+  1.9.1, a `django.tasks` backend (`python -m django ox_worker --concurrency 4`).
 
 The peers run from .venv/peers (pyproject's `peers` extra), on the same machine and database
-server. Also reported: each worker's peak resident memory (VmHWM) and the enqueue rate.
+server. Also reported: each worker's peak resident memory (VmHWM) and the enqueue rate. The
+ratio is ours beside the fastest peer of the database; the memory goal of issue 40 is ours
+beside the lightest Django-based peer.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +38,7 @@ STAMPS = Path("/tmp/rws-bench-stamps")
 HUEY_DB = Path("/tmp/rws-bench-huey.sqlite3")
 OBAN_DB = "rws_bench_oban"
 OBAN_DSN = f"postgresql://postgres@127.0.0.1:5432/{OBAN_DB}"
+DJANGO_PEERS_DB = "rws_bench_djpeers"
 TIMEOUT = 600.0
 ENQUEUE = "from benchmarks.peerapps import {app}; {app}.enqueue({n})"
 
@@ -54,15 +61,15 @@ def run_worker(argv: list[str], env: dict[str, str], n: int) -> tuple[float, flo
     """Start a worker, wait until it has started ``n`` jobs, stop it; (jobs/s, peak RSS MB)."""
     from benchmarks.run import peak_rss_mb
 
-    proc = subprocess.Popen(
-        argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    log = tempfile.TemporaryFile("w+")  # not a pipe: a worker that logs much would block on it
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
     rss = 0.0
     deadline = time.monotonic() + TIMEOUT
     try:
         while count_stamps() < n:
             if proc.poll() is not None:
-                raise RuntimeError(f"{argv[0]} exited with {proc.returncode}: {proc.stderr.read()[-3000:]}")
+                log.seek(0)
+                raise RuntimeError(f"{argv[0]} exited with {proc.returncode}: {log.read()[-3000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{argv} did not drain {n} jobs in {TIMEOUT} s")
             rss = max(rss, peak_rss_mb(proc.pid))
@@ -138,7 +145,7 @@ def psql(sql: str, db: str = "postgres") -> None:
     subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", db, "-qc", sql], check=True)
 
 
-def oban(n: int, installed: list[bool]) -> tuple[float, float, float]:
+def oban(n: int, installed: list[object]) -> tuple[float, float, float]:
     env = peer_env(RWS_BENCH_OBAN_DSN=OBAN_DSN)
     if not installed:
         psql(f"DROP DATABASE IF EXISTS {OBAN_DB} WITH (FORCE)")
@@ -169,7 +176,43 @@ def oban(n: int, installed: list[bool]) -> tuple[float, float, float]:
     return drain, rss, rate
 
 
-PEER = {"sqlite": "Huey 3.5.4", "postgres": "Oban 0.7.0"}
+def django_peer(peer: str, n: int, installed: list[object]) -> tuple[float, float, float]:
+    """procrastinate or django-ox (``peer``: procrastinate|ox), by benchmarks/peerapps/django_settings.py."""
+    env = peer_env(
+        DJANGO_SETTINGS_MODULE="benchmarks.peerapps.django_settings",
+        RWS_BENCH_DJANGO_PEER=peer,
+        RWS_BENCH_DJANGO_PEERS_DB=DJANGO_PEERS_DB,
+    )
+    python = str(PEERS_PY / "python")
+    if not installed:
+        psql(f"DROP DATABASE IF EXISTS {DJANGO_PEERS_DB} WITH (FORCE)")
+        psql(f"CREATE DATABASE {DJANGO_PEERS_DB}")
+        installed.append(True)
+    if peer not in installed:
+        subprocess.run([python, "-m", "django", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+        installed.append(peer)
+    table = "procrastinate_jobs" if peer == "procrastinate" else "django_ox_oxtask"
+    psql(f"TRUNCATE {table} CASCADE", DJANGO_PEERS_DB)
+    fresh_stamps()
+    app = f"benchmarks.peerapps.{peer}_app.tasks"
+    enqueue = f"import django; django.setup(); from {app} import enqueue; enqueue({n})"
+    t0 = time.perf_counter()
+    subprocess.run([python, "-c", enqueue], cwd=ROOT, env=env, check=True)
+    rate = n / (time.perf_counter() - t0)
+    # ox_worker logs each task at INFO unless -v 0; ours and procrastinate log warnings only.
+    worker = ["procrastinate", "worker"] if peer == "procrastinate" else ["ox_worker", "-v", "0"]
+    drain, rss = run_worker([python, "-m", "django", *worker, "--concurrency", "4"], env, n)
+    return drain, rss, rate
+
+
+PEERS = {"sqlite": ["huey"], "postgres": ["oban", "procrastinate", "ox"]}
+NAMES = {
+    "huey": "Huey 3.5.4",
+    "oban": "Oban 0.7.0",
+    "procrastinate": "procrastinate 3.10.0",
+    "ox": "django-ox 1.9.1",
+}
+DJANGO_BASED = ("procrastinate", "ox")
 
 
 def main() -> None:
@@ -179,39 +222,59 @@ def main() -> None:
     parser.add_argument("dbs", nargs="*", metavar="sqlite|postgres", help="default: both")
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--peers", help="a comma-separated subset of: " + ", ".join(NAMES))
     args = parser.parse_args()
     args.dbs = args.dbs or ["sqlite", "postgres"]
-    if unknown := [db for db in args.dbs if db not in PEER]:
+    if unknown := [db for db in args.dbs if db not in PEERS]:
         parser.error(f"unknown database(s) {', '.join(unknown)}: use sqlite or postgres")
+    wanted = args.peers.split(",") if args.peers else list(NAMES)
+    if unknown := [p for p in wanted if p not in NAMES]:
+        parser.error(f"unknown peer(s) {', '.join(unknown)}: use {', '.join(NAMES)}")
     if len(args.dbs) > 1:  # one Django set-up per process: a child per database
         for db in args.dbs:
             argv = [sys.executable, __file__, db, "--jobs", str(args.jobs), "--repeat", str(args.repeat)]
-            subprocess.run(argv, check=True)
+            subprocess.run([*argv, *(["--peers", args.peers] if args.peers else [])], check=True)
         return
     db = args.dbs[0]
+    peers = [p for p in PEERS[db] if p in wanted]
     sys.path.insert(0, str(ROOT))
     from benchmarks.run import reset_database, setup_django
 
     setup_django(db)
     reset_database(db)
-    results: dict[str, list[tuple[float, float, float]]] = {"ours": [], "peer": []}
-    installed: list[bool] = []
-    for _ in range(args.repeat):  # alternating, so that both meet the same hours of the machine
+    results: dict[str, list[tuple[float, float, float]]] = {"ours": [], **{p: [] for p in peers}}
+    installed: dict[str, list[object]] = {"oban": [], "django": []}
+    for _ in range(args.repeat):  # alternating, so that all meet the same hours of the machine
         results["ours"].append(ours(db, args.jobs))
-        results["peer"].append(huey(args.jobs) if db == "sqlite" else oban(args.jobs, installed))
+        for peer in peers:
+            if peer == "huey":
+                results[peer].append(huey(args.jobs))
+            elif peer == "oban":
+                results[peer].append(oban(args.jobs, installed["oban"]))
+            else:
+                results[peer].append(django_peer(peer, args.jobs, installed["django"]))
     med = {k: [statistics.median(r[i] for r in v) for i in range(3)] for k, v in results.items()}
-    rounds = " / ".join(
-        f"{o[0]:,.0f} vs {p[0]:,.0f}" for o, p in zip(results["ours"], results["peer"], strict=True)
-    )
-    o, p = med["ours"], med["peer"]
+    o = med["ours"]
     print(
         f"W1 on {db}, {args.jobs} jobs, medians of {args.repeat} alternating rounds\n\n"
-        "| database | ours (jobs/s) | best peer (jobs/s) | ratio | worker RSS MB, ours / peer "
-        "| enqueue jobs/s, ours / peer | rounds, ours vs peer |\n|---|---|---|---|---|---|---|\n"
-        f"| {db} | {o[0]:,.0f} | {PEER[db]} {p[0]:,.0f} | {o[0] / p[0]:.2f}x | {o[1]:.1f} / {p[1]:.1f} "
-        f"| {o[2]:,.0f} / {p[2]:,.0f} | {rounds} |",
-        flush=True,
+        "| system | drain (jobs/s) | ours / it | worker RSS MB | enqueue jobs/s | drain rounds |\n"
+        "|---|---|---|---|---|---|"
     )
+    for name, (drain, rss, rate) in med.items():
+        rounds = " / ".join(f"{r[0]:,.0f}" for r in results[name])
+        label = "django-rws-jobs" if name == "ours" else NAMES[name]
+        print(f"| {label} | {drain:,.0f} | {o[0] / drain:.2f}x | {rss:.1f} | {rate:,.0f} | {rounds} |")
+    if peers:
+        best = max(peers, key=lambda p: med[p][0])
+        print(f"\nDrain beside the fastest peer ({NAMES[best]}): {o[0] / med[best][0]:.2f}x", end="")
+        if light := [p for p in peers if p in DJANGO_BASED]:
+            lightest = min(light, key=lambda p: med[p][1])
+            print(
+                f"; worker RSS {o[1]:.1f} MB beside the lightest Django-based peer's "
+                f"({NAMES[lightest]}) {med[lightest][1]:.1f} MB",
+                end="",
+            )
+        print(flush=True)
 
 
 if __name__ == "__main__":
