@@ -107,7 +107,10 @@ def ours(db: str, n: int) -> tuple[float, float, float]:
 
     connections.close_all()
     env = env_for(db, RWS_BENCH_STAMPS=str(STAMPS))
-    drain, rss = run_worker([sys.executable, "-m", "django", "rws_worker", "--workers", "4"], env, n)
+    # The worker runs from .venv/peers, as the peers do: one copy of the shared libraries (an RSS
+    # counts the pages of a library's file that are mapped, more of a file the page cache holds).
+    argv = [str(PEERS_PY / "python"), "-m", "django", "rws_worker", "--workers", "4"]
+    drain, rss = run_worker(argv, env, n)
     return drain, rss, rate
 
 
