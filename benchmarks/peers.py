@@ -1,6 +1,6 @@
 """The W1 drain beside the peers, in one run, their rounds alternating.
 
-    scripts/bench peers [sqlite|postgres ...] [--jobs 5000] [--repeat 3]
+    scripts/bench peers [sqlite|postgres|tasks ...] [--jobs 5000] [--repeat 3] [--peers a,b]
 
 W1: N no-op jobs enqueued one call each (each its own transaction), then one worker process
 with four-way concurrency drains them. The figure is the steady drain, (N - 1) / (the last job's
@@ -11,7 +11,10 @@ start - the first's): every system's handler appends its start time to a file wi
 - PostgreSQL: Oban for Python 0.7.0, `oban start --queues default:4` (asyncio, four at once);
   and the Django-based peers, each with Django's contenttypes app beside it as ours has:
   procrastinate 3.10.0 (`python -m django procrastinate worker --concurrency 4`) and django-ox
-  1.9.1, a `django.tasks` backend (`python -m django ox_worker --concurrency 4`).
+  1.9.1, a `django.tasks` backend (`python -m django ox_worker --concurrency 4`);
+- tasks: the `django.tasks` drain on SQLite, ours an `@task` task through RwsJobsBackend, beside
+  django-tasks-db 0.13.0 (`python -m django db_worker`, one task at a time: it has no
+  concurrency setting) and django-ox 1.9.1, both on SQLite in WAL mode as ours is.
 
 The peers run from .venv/peers (pyproject's `peers` extra), on the same machine and database
 server. Also reported: each worker's peak resident memory (VmHWM) and the enqueue rate. The
@@ -39,6 +42,7 @@ HUEY_DB = Path("/tmp/rws-bench-huey.sqlite3")
 OBAN_DB = "rws_bench_oban"
 OBAN_DSN = f"postgresql://postgres@127.0.0.1:5432/{OBAN_DB}"
 DJANGO_PEERS_DB = "rws_bench_djpeers"
+DJANGO_PEERS_SQLITE = Path("/tmp/rws-bench-djpeers.sqlite3")
 TIMEOUT = 600.0
 ENQUEUE = "from benchmarks.peerapps import {app}; {app}.enqueue({n})"
 
@@ -92,8 +96,10 @@ def fresh_stamps() -> None:
     STAMPS.unlink(missing_ok=True)
 
 
-def ours(db: str, n: int) -> tuple[float, float, float]:
-    """(drain jobs/s, worker RSS MB, enqueue jobs/s) of django-rws-jobs."""
+def ours(db: str, n: int, tasks: bool = False) -> tuple[float, float, float]:
+    """(drain jobs/s, worker RSS MB, enqueue jobs/s) of django-rws-jobs; with ``tasks``, of an
+    @task task (benchmarks/benchapp/tasks.py) through our django.tasks backend."""
+    from benchmarks.benchapp.tasks import stamp
     from benchmarks.run import clear, env_for
     from django_rws_jobs import enqueue
 
@@ -101,7 +107,10 @@ def ours(db: str, n: int) -> tuple[float, float, float]:
     fresh_stamps()
     t0 = time.perf_counter()
     for _ in range(n):
-        enqueue("bench.stamp")
+        if tasks:
+            stamp.enqueue()
+        else:
+            enqueue("bench.stamp")
     rate = n / (time.perf_counter() - t0)
     from django.db import connections
 
@@ -179,57 +188,86 @@ def oban(n: int, installed: list[object]) -> tuple[float, float, float]:
     return drain, rss, rate
 
 
-def django_peer(peer: str, n: int, installed: list[object]) -> tuple[float, float, float]:
-    """procrastinate or django-ox (``peer``: procrastinate|ox), by benchmarks/peerapps/django_settings.py."""
+#: Per Django-based peer: its worker's arguments, and the code that empties its queue. ox_worker
+#: logs each task at INFO unless -v 0; ours and the others log warnings only.
+DJANGO_PEERS = {
+    "procrastinate": (
+        ["procrastinate", "worker", "--concurrency", "4"],
+        "from procrastinate.contrib.django.models import ProcrastinateJob as M",
+    ),
+    "ox": (["ox_worker", "-v", "0", "--concurrency", "4"], "from django_ox.models import OxTask as M"),
+    "tasks_db": (["db_worker"], "from django_tasks_db.models import DBTaskResult as M"),
+}
+
+
+def django_peer(peer: str, db: str, n: int, installed: list[object]) -> tuple[float, float, float]:
+    """A Django-based peer (DJANGO_PEERS) on PostgreSQL or SQLite (``db``), with
+    benchmarks/peerapps/django_settings.py."""
+    name = DJANGO_PEERS_DB if db == "postgres" else str(DJANGO_PEERS_SQLITE)
     env = peer_env(
         DJANGO_SETTINGS_MODULE="benchmarks.peerapps.django_settings",
         RWS_BENCH_DJANGO_PEER=peer,
-        RWS_BENCH_DJANGO_PEERS_DB=DJANGO_PEERS_DB,
+        RWS_BENCH_DJANGO_PEERS_DB=name,
     )
     python = str(PEERS_PY / "python")
     if not installed:
-        psql(f"DROP DATABASE IF EXISTS {DJANGO_PEERS_DB} WITH (FORCE)")
-        psql(f"CREATE DATABASE {DJANGO_PEERS_DB}")
+        if db == "postgres":
+            psql(f"DROP DATABASE IF EXISTS {DJANGO_PEERS_DB} WITH (FORCE)")
+            psql(f"CREATE DATABASE {DJANGO_PEERS_DB}")
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{DJANGO_PEERS_SQLITE}{suffix}").unlink(missing_ok=True)
         installed.append(True)
     if peer not in installed:
         subprocess.run([python, "-m", "django", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
         installed.append(peer)
-    table = "procrastinate_jobs" if peer == "procrastinate" else "django_ox_oxtask"
-    psql(f"TRUNCATE {table} CASCADE", DJANGO_PEERS_DB)
+    worker, model = DJANGO_PEERS[peer]
+    subprocess.run(
+        [python, "-c", f"import django; django.setup(); {model}; M.objects.all().delete()"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
     fresh_stamps()
-    app = f"benchmarks.peerapps.{peer}_app.tasks"
-    enqueue = f"import django; django.setup(); from {app} import enqueue; enqueue({n})"
+    app = "procrastinate_app" if peer == "procrastinate" else "tasks_app"
+    enqueue = (
+        f"import django; django.setup(); from benchmarks.peerapps.{app}.tasks import enqueue; enqueue({n})"
+    )
     t0 = time.perf_counter()
     subprocess.run([python, "-c", enqueue], cwd=ROOT, env=env, check=True)
     rate = n / (time.perf_counter() - t0)
-    # ox_worker logs each task at INFO unless -v 0; ours and procrastinate log warnings only.
-    worker = ["procrastinate", "worker"] if peer == "procrastinate" else ["ox_worker", "-v", "0"]
-    drain, rss = run_worker([python, "-m", "django", *worker, "--concurrency", "4"], env, n)
+    drain, rss = run_worker([python, "-m", "django", *worker], env, n)
     return drain, rss, rate
 
 
-PEERS = {"sqlite": ["huey"], "postgres": ["oban", "procrastinate", "ox"]}
+#: The peers per run: "tasks" is the django.tasks drain on SQLite (ours: an @task task).
+PEERS = {"sqlite": ["huey"], "postgres": ["oban", "procrastinate", "ox"], "tasks": ["tasks_db", "ox"]}
 NAMES = {
     "huey": "Huey 3.5.4",
     "oban": "Oban 0.7.0",
     "procrastinate": "procrastinate 3.10.0",
     "ox": "django-ox 1.9.1",
+    "tasks_db": "django-tasks-db 0.13.0",
 }
-DJANGO_BASED = ("procrastinate", "ox")
+DJANGO_BASED = ("procrastinate", "ox", "tasks_db")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("dbs", nargs="*", metavar="sqlite|postgres", help="default: both")
+    parser.add_argument(
+        "dbs",
+        nargs="*",
+        metavar="sqlite|postgres|tasks",
+        help="default: all three (tasks: django.tasks on SQLite)",
+    )
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--peers", help="a comma-separated subset of: " + ", ".join(NAMES))
     args = parser.parse_args()
-    args.dbs = args.dbs or ["sqlite", "postgres"]
+    args.dbs = args.dbs or list(PEERS)
     if unknown := [db for db in args.dbs if db not in PEERS]:
-        parser.error(f"unknown database(s) {', '.join(unknown)}: use sqlite or postgres")
+        parser.error(f"unknown database(s) {', '.join(unknown)}: use sqlite, postgres or tasks")
     wanted = args.peers.split(",") if args.peers else list(NAMES)
     if unknown := [p for p in wanted if p not in NAMES]:
         parser.error(f"unknown peer(s) {', '.join(unknown)}: use {', '.join(NAMES)}")
@@ -243,23 +281,25 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from benchmarks.run import reset_database, setup_django
 
-    setup_django(db)
-    reset_database(db)
+    django_db = "sqlite" if db == "tasks" else db
+    setup_django(django_db)
+    reset_database(django_db)
     results: dict[str, list[tuple[float, float, float]]] = {"ours": [], **{p: [] for p in peers}}
     installed: dict[str, list[object]] = {"oban": [], "django": []}
     for _ in range(args.repeat):  # alternating, so that all meet the same hours of the machine
-        results["ours"].append(ours(db, args.jobs))
+        results["ours"].append(ours(django_db, args.jobs, tasks=db == "tasks"))
         for peer in peers:
             if peer == "huey":
                 results[peer].append(huey(args.jobs))
             elif peer == "oban":
                 results[peer].append(oban(args.jobs, installed["oban"]))
             else:
-                results[peer].append(django_peer(peer, args.jobs, installed["django"]))
+                results[peer].append(django_peer(peer, django_db, args.jobs, installed["django"]))
     med = {k: [statistics.median(r[i] for r in v) for i in range(3)] for k, v in results.items()}
     o = med["ours"]
     print(
-        f"W1 on {db}, {args.jobs} jobs, medians of {args.repeat} alternating rounds\n\n"
+        f"W1 on {'SQLite, django.tasks' if db == 'tasks' else db}, {args.jobs} jobs, "
+        f"medians of {args.repeat} alternating rounds\n\n"
         "| system | drain (jobs/s) | ours / it | worker RSS MB | enqueue jobs/s | drain rounds |\n"
         "|---|---|---|---|---|---|"
     )
