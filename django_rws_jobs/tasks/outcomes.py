@@ -27,9 +27,9 @@ logger = logging.getLogger("django_rws_jobs")
 
 @functools.cache
 def framework() -> tuple[Any, Any]:
-    """The ``compat`` and ``results`` modules, imported at the first task row: a project without
-    django.tasks never imports them (apps.py imports this module at start-up). A cached call
-    costs a fraction of a relative import inside a function, which runs at every call."""
+    """The ``compat`` and ``results`` modules, imported at the first task row (as this module
+    is): a worker of ``@job`` rows only never imports them. A cached call costs a fraction of a
+    relative import inside a function, which runs at every call."""
     from . import compat, results
 
     return compat, results

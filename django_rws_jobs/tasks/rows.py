@@ -1,8 +1,9 @@
 """The worker's side of django.tasks rows: run one like Django's ImmediateBackend does; its
 outcome is recorded by tasks/outcomes.py.
 
-Registered as the row runner of TASK_PREFIX at start-up (apps.py), so ``runner.execute`` and
-``runner.record`` hand task rows here and ``@job`` rows never see this module.
+Registered by its path as the row runner of TASK_PREFIX at start-up (apps.py), and imported at
+the first task row (queue/registry.py), so ``runner.execute`` and ``runner.record`` hand task rows
+here and a worker of ``@job`` rows only never imports this module.
 """
 
 from __future__ import annotations
