@@ -15,7 +15,8 @@ pruning of task results, each every so many seconds) would count as work per job
 makes the larger drain last minutes longer: the drains run with a lease of two hours and recovery
 every hour, so none of it falls between start and end. Compare two versions of the code by it,
 not two machines. `--middleware dotted.path` (repeatable) runs the drains with that middleware
-(`RWS_JOBS["MIDDLEWARE"]`): its cost per job.
+(`RWS_JOBS["MIDDLEWARE"]`): its cost per job. `--tasks` drains no-op `@task` tasks
+(benchmarks/benchapp/tasks.py, enqueued one call each) instead of jobs: a task's cost.
 """
 
 from __future__ import annotations
@@ -42,12 +43,19 @@ DRAIN = (
 CLOCK_FREE = {"POLL_INTERVAL": 0.5, "LEASE_SECONDS": 7200, "RECOVERY_INTERVAL": 3600}
 
 
-def instructions(db: str, n: int, workers: int = 4, middleware: list[str] | None = None) -> int:
+def instructions(
+    db: str, n: int, workers: int = 4, middleware: list[str] | None = None, tasks: bool = False
+) -> int:
+    from benchmarks.benchapp.tasks import noop
     from benchmarks.run import clear, env_for
     from django_rws_jobs import enqueue_many
 
     clear()
-    enqueue_many([("bench.noop", "")] * n)
+    if tasks:
+        for _ in range(n):
+            noop.enqueue()
+    else:
+        enqueue_many([("bench.noop", "")] * n)
     from django.db import connections
 
     connections.close_all()
@@ -79,6 +87,7 @@ def main() -> None:
         default=[],
         help="a dotted path for RWS_JOBS['MIDDLEWARE'] (repeatable)",
     )
+    parser.add_argument("--tasks", action="store_true", help="no-op @task tasks instead of jobs")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
@@ -87,11 +96,11 @@ def main() -> None:
 
     setup_django(args.db)
     reset_database(args.db)
-    small = instructions(args.db, args.jobs, args.workers, args.middleware)
-    large = instructions(args.db, 3 * args.jobs, args.workers, args.middleware)
+    small = instructions(args.db, args.jobs, args.workers, args.middleware, args.tasks)
+    large = instructions(args.db, 3 * args.jobs, args.workers, args.middleware, args.tasks)
     print(
         f"{args.db}, --workers {args.workers}: {(large - small) / (2 * args.jobs):,.0f} instructions "
-        "per job in the worker "
+        f"per {'task' if args.tasks else 'job'} in the worker "
         f"({small:,} for {args.jobs} jobs, {large:,} for {3 * args.jobs})"
     )
 
