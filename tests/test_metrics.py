@@ -80,19 +80,47 @@ def test_counters_add_up_per_minute_queue_and_job_type_across_writes():
     }
 
 
-def test_the_counters_add_up_runs_as_they_come():
-    # The executor whose run makes FOLD_AT of them adds the runs up: a worker keeps at most about
-    # FOLD_AT runs one by one, and the write counts each run once, wherever it was added up.
+def test_the_counters_add_up_runs_and_outcomes_as_they_come():
+    # The thread whose event makes FOLD_AT runs (or batches of outcomes) waiting adds them up: a
+    # worker keeps at most about FOLD_AT of each, and the write counts each once, wherever it was
+    # added up.
     counters = metrics.Counters()
     runs = metrics.FOLD_AT + 10
     for i in range(runs):
         counters.ran(job("mail" if i % 3 == 0 else "default", due=T - 5), 0.5 if i else 2.0, T + 1)
-    assert len(counters.runs) < metrics.FOLD_AT
+        counters.ended([job("mail" if i % 3 == 0 else "default")], ["done" if i % 2 else "retry"])
+    assert len(counters.runs) < metrics.FOLD_AT and len(counters.ends) < metrics.FOLD_AT
     minute = T - T % 60
     mail = len(range(0, runs, 3))
+    mail_done = len([i for i in range(0, runs, 3) if i % 2])
+    other_done = len([i for i in range(runs) if i % 3 and i % 2])
     assert counters.take(T, T) == [
-        [minute, "default", "t.x", 0, 0, 0, 0, runs - mail, 0.5 * (runs - mail), 6.0 * (runs - mail), 0.5],
-        [minute, "mail", "t.x", 0, 0, 0, 0, mail, 2.0 + 0.5 * (mail - 1), 6.0 * mail, 2.0],
+        [
+            minute,
+            "default",
+            "t.x",
+            other_done,
+            runs - mail - other_done,
+            0,
+            0,
+            runs - mail,
+            0.5 * (runs - mail),
+            6.0 * (runs - mail),
+            0.5,
+        ],
+        [
+            minute,
+            "mail",
+            "t.x",
+            mail_done,
+            mail - mail_done,
+            0,
+            0,
+            mail,
+            2.0 + 0.5 * (mail - 1),
+            6.0 * mail,
+            2.0,
+        ],
     ]
     assert counters.take(T, T) == []
 

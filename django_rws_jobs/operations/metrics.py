@@ -47,13 +47,13 @@ class Counters:
     """One worker's counters not written yet.
 
     The executors append an event per run to a deque and the recorders one per batch (C calls,
-    no lock: the per-job cost of the counters, measured in docs/benchmarks.md). The runs are
-    added up per queue and job type, with C-level sorts, counts and sums, by the executor whose
-    run makes FOLD_AT of them (so a worker keeps at most about FOLD_AT runs, not a second's:
-    tests/test_metrics.py::test_the_counters_add_up_runs_as_they_come) and by ``take``, in the
-    minute of the write that carries them (at most FLUSH_EVERY late). ``_folding`` is held by
-    whoever adds them up, so each run is taken once. Rows a write could not store wait in
-    ``pending``."""
+    no lock: the per-job cost of the counters, measured in docs/benchmarks.md). They are added
+    up per queue and job type, with C-level sorts, counts and sums, by the thread whose event
+    makes FOLD_AT runs or batches waiting (so a worker keeps at most about FOLD_AT of each, not a
+    second's: tests/test_metrics.py::test_the_counters_add_up_runs_and_outcomes_as_they_come)
+    and by ``take``, in the minute of the write that carries them (at most FLUSH_EVERY late).
+    ``_folding`` is held by whoever adds them up, so each event is taken once. Rows a write could
+    not store wait in ``pending``."""
 
     def __init__(self) -> None:
         # (queue, job type, seconds, start on time.monotonic(), next_run_at)
@@ -62,21 +62,36 @@ class Counters:
         # (None, (queue, job type, outcome) each): not the jobs, which would live until the write
         self.ends: deque[tuple[tuple[str, str] | None, Sequence[Any]]] = deque()
         self.pending: dict[tuple[int, str, str], list[float]] = {}
-        # (queue, job type): [runs, sum of seconds, sum of starts, sum of next_run_at, max seconds]
+        # Added up: (queue, job type): [runs, sum of seconds, sum of starts, sum of next_run_at,
+        # max seconds]; and the outcomes, per (queue, job type, outcome)
         self.folded: dict[tuple[str, str], list[float]] = {}
+        self.counted: Counter[tuple[str, str, str]] = Counter()
         self._folding = threading.Lock()
 
     def ran(self, job: Any, seconds: float, started: float) -> None:
         """An attempt of ``job`` ran ``seconds`` from ``started`` (``time.monotonic()``)."""
         self.runs.append((job.queue, job.job_type, seconds, started, job.next_run_at))
-        if len(self.runs) >= FOLD_AT and self._folding.acquire(blocking=False):
+        if len(self.runs) >= FOLD_AT:
+            self._fold_now()
+
+    def _fold_now(self) -> None:
+        """Add up what waits, unless another thread is adding up: it takes what waits."""
+        if self._folding.acquire(blocking=False):
             try:
                 self._fold()
             finally:
                 self._folding.release()
 
     def _fold(self) -> None:
-        """Add the runs up into ``folded`` (the caller holds ``_folding``)."""
+        """Add the runs up into ``folded``, the outcomes into ``counted`` (the caller holds
+        ``_folding``)."""
+        for _ in range(len(self.ends)):
+            key, ended = self.ends.popleft()
+            if key is None:
+                self.counted.update(ended)
+            else:
+                for outcome, n in Counter(ended).items():
+                    self.counted[(key[0], key[1], outcome)] += n
         runs = [self.runs.popleft() for _ in range(len(self.runs))]
         if not runs:
             return
@@ -109,6 +124,8 @@ class Counters:
             self.ends.append(((queues[0], types[0]), outcomes))
         else:
             self.ends.append((None, tuple(zip(queues, types, outcomes, strict=False))))
+        if len(self.ends) >= FOLD_AT:
+            self._fold_now()
 
     def take(self, now: float, mono: float) -> Batch:
         """The rows to write (KEYS + ADDS + MAXES each), forgotten here. ``now`` and ``mono``:
@@ -126,6 +143,7 @@ class Counters:
         with self._folding:
             self._fold()
             folded, self.folded = self.folded, {}
+            counted, self.counted = self.counted, Counter()
         for (queue, job_type), (n, seconds, starts, dues, longest) in folded.items():
             r = row(queue, job_type)
             r[4] += n
@@ -133,14 +151,6 @@ class Counters:
             # Each start on the queue's clock is now - (mono - start): its wait, start - due.
             r[6] += n * (now - mono) + starts - dues
             r[7] = max(r[7], longest)
-        counted: Counter[tuple[str, str, str]] = Counter()
-        for _ in range(len(self.ends)):
-            key, ended = self.ends.popleft()
-            if key is None:
-                counted.update(ended)
-            else:
-                for outcome, n in Counter(ended).items():
-                    counted[(key[0], key[1], outcome)] += n
         for (queue, job_type, outcome), n in counted.items():
             for index in OUTCOME_INDEXES.get(outcome, ()):
                 row(queue, job_type)[index] += n
