@@ -36,7 +36,8 @@ OUTCOME_COLUMNS = {
 }
 #: Seconds between two writes of a worker's counters.
 FLUSH_EVERY = 1.0
-#: Runs a worker keeps one by one: the executor whose run makes this many adds them up.
+#: Runs (and batches of outcomes) a worker keeps one by one: the thread whose event makes this many
+#: adds them up.
 FOLD_AT = 256
 #: Minutes a worker prunes in one transaction.
 PRUNE_BATCH = 1000
