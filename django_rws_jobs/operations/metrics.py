@@ -86,13 +86,20 @@ class Counters:
     def _fold(self) -> None:
         """Add the runs up into ``folded``, the outcomes into ``counted`` (the caller holds
         ``_folding``)."""
+        alike: dict[tuple[str, str], list[str]] = {}  # one Counter per queue and job type, not per batch
         for _ in range(len(self.ends)):
             key, ended = self.ends.popleft()
             if key is None:
                 self.counted.update(ended)
             else:
-                for outcome, n in Counter(ended).items():
-                    self.counted[(key[0], key[1], outcome)] += n
+                found = alike.get(key)
+                if found is None:
+                    alike[key] = list(ended)
+                else:
+                    found.extend(ended)
+        for (queue, job_type), ended in alike.items():
+            for outcome, n in Counter(ended).items():
+                self.counted[(queue, job_type, outcome)] += n
         runs = [self.runs.popleft() for _ in range(len(self.runs))]
         if not runs:
             return
