@@ -81,15 +81,15 @@ def test_counters_add_up_per_minute_queue_and_job_type_across_writes():
 
 
 def test_the_counters_add_up_runs_and_outcomes_as_they_come():
-    # The thread whose event makes FOLD_AT runs (or batches of outcomes) waiting adds them up: a
-    # worker keeps at most about FOLD_AT of each, and the write counts each once, wherever it was
-    # added up.
+    # The executor whose run makes FOLD_AT runs or ENDS_FOLD_AT batches of outcomes waiting adds
+    # them up: a worker keeps at most about that many, and the write counts each once, wherever
+    # it was added up.
     counters = metrics.Counters()
     runs = metrics.FOLD_AT + 10
     for i in range(runs):
         counters.ran(job("mail" if i % 3 == 0 else "default", due=T - 5), 0.5 if i else 2.0, T + 1)
         counters.ended([job("mail" if i % 3 == 0 else "default")], ["done" if i % 2 else "retry"])
-    assert len(counters.runs) < metrics.FOLD_AT and len(counters.ends) < metrics.FOLD_AT
+    assert len(counters.runs) < metrics.FOLD_AT and len(counters.ends) <= metrics.ENDS_FOLD_AT
     minute = T - T % 60
     mail = len(range(0, runs, 3))
     mail_done = len([i for i in range(0, runs, 3) if i % 2])
@@ -125,20 +125,23 @@ def test_the_counters_add_up_runs_and_outcomes_as_they_come():
     assert counters.take(T, T) == []
 
 
-def test_the_counters_keep_no_ended_job_until_the_write():
-    # Counters.ended keeps each job's queue, job type and outcome, not the job: a worker would
-    # otherwise hold up to a second's jobs (FLUSH_EVERY) in memory between two writes.
+def test_the_counters_keep_ended_jobs_for_few_batches_only():
+    # Counters.ended keeps a batch's jobs until the executor whose run makes ENDS_FOLD_AT batches
+    # waiting adds them up, not until the write: a worker would otherwise hold up to a second's
+    # jobs (FLUSH_EVERY) in memory.
     counters = metrics.Counters()
-    alike, mixed = [job(), job()], [job(), job("mail")]
-    refs = [weakref.ref(j) for j in alike + mixed]
-    counters.ended(alike, ["done", "done"])
-    counters.ended(mixed, ["retry", "dead"])
-    del alike, mixed
-    assert [r() for r in refs] == [None] * 4
+    batches = [[job(), job()], [job(), job("mail")]] + [[job()] for _ in range(metrics.ENDS_FOLD_AT - 2)]
+    refs = [weakref.ref(j) for b in batches for j in b]
+    for i, b in enumerate(batches):
+        counters.ended(b, ["done", "done"] if i == 0 else ["retry", "dead"] if i == 1 else ["done"])
+    del b, batches
+    assert all(r() is not None for r in refs)  # not added up yet: one call per batch, no more
+    counters.ran(job(), 0.5, T)
+    assert [r() for r in refs] == [None] * len(refs)
     minute = T - T % 60
     assert counters.take(T, T) == [
-        [minute, "default", "t.x", 2, 1, 0, 0, 0, 0.0, 0.0, 0],
-        [minute, "mail", "t.x", 0, 1, 1, 0, 0, 0.0, 0.0, 0],
+        [minute, "default", "t.x", metrics.ENDS_FOLD_AT, 1, 0, 0, 1, 0.5, 5.0, 0.5],
+        [minute, "mail", "t.x", 0, 1, 1, 0, 0, 0, 0, 0],
     ]
 
 

@@ -18,7 +18,7 @@ import logging
 import threading
 from collections import Counter, deque
 from collections.abc import Sequence
-from itertools import groupby
+from itertools import chain, groupby
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -36,9 +36,10 @@ OUTCOME_COLUMNS = {
 }
 #: Seconds between two writes of a worker's counters.
 FLUSH_EVERY = 1.0
-#: Runs (and batches of outcomes) a worker keeps one by one: the thread whose event makes this many
-#: adds them up.
+#: Runs a worker keeps one by one, and batches of outcomes (with their jobs): the executor whose
+#: run makes this many adds them up.
 FOLD_AT = 256
+ENDS_FOLD_AT = 64
 #: Minutes a worker prunes in one transaction.
 PRUNE_BATCH = 1000
 JOB_TYPE_MAX = 191
@@ -49,19 +50,19 @@ class Counters:
 
     The executors append an event per run to a deque and the recorders one per batch (C calls,
     no lock: the per-job cost of the counters, measured in docs/benchmarks.md). They are added
-    up per queue and job type, with C-level sorts, counts and sums, by the thread whose event
-    makes FOLD_AT runs or batches waiting (so a worker keeps at most about FOLD_AT of each, not a
-    second's: tests/test_metrics.py::test_the_counters_add_up_runs_and_outcomes_as_they_come)
-    and by ``take``, in the minute of the write that carries them (at most FLUSH_EVERY late).
+    up per queue and job type, with C-level sorts, counts and sums, by the executor whose run
+    makes FOLD_AT runs or ENDS_FOLD_AT batches waiting (so a worker keeps at most about that
+    many, not a second's, and the jobs of no more batches:
+    tests/test_metrics.py::test_the_counters_add_up_runs_and_outcomes_as_they_come) and by
+    ``take``, in the minute of the write that carries them (at most FLUSH_EVERY late).
     ``_folding`` is held by whoever adds them up, so each event is taken once. Rows a write could
     not store wait in ``pending``."""
 
     def __init__(self) -> None:
         # (queue, job type, seconds, start on time.monotonic(), next_run_at)
         self.runs: deque[tuple[str, str, float, float, int]] = deque()
-        # ((queue, job type), outcomes) of a batch of one queue and job type, else
-        # (None, (queue, job type, outcome) each): not the jobs, which would live until the write
-        self.ends: deque[tuple[tuple[str, str] | None, Sequence[Any]]] = deque()
+        # (jobs, outcomes) of a batch: its jobs live until the next adding up (ENDS_FOLD_AT)
+        self.ends: deque[tuple[tuple[Any, ...], Sequence[str]]] = deque()
         self.pending: dict[tuple[int, str, str], list[float]] = {}
         # Added up: (queue, job type): [runs, sum of seconds, sum of starts, sum of next_run_at,
         # max seconds]; and the outcomes, per (queue, job type, outcome)
@@ -72,7 +73,7 @@ class Counters:
     def ran(self, job: Any, seconds: float, started: float) -> None:
         """An attempt of ``job`` ran ``seconds`` from ``started`` (``time.monotonic()``)."""
         self.runs.append((job.queue, job.job_type, seconds, started, job.next_run_at))
-        if len(self.runs) >= FOLD_AT:
+        if len(self.runs) >= FOLD_AT or len(self.ends) >= ENDS_FOLD_AT:
             self._fold_now()
 
     def _fold_now(self) -> None:
@@ -86,20 +87,16 @@ class Counters:
     def _fold(self) -> None:
         """Add the runs up into ``folded``, the outcomes into ``counted`` (the caller holds
         ``_folding``)."""
-        alike: dict[tuple[str, str], list[str]] = {}  # one Counter per queue and job type, not per batch
-        for _ in range(len(self.ends)):
-            key, ended = self.ends.popleft()
-            if key is None:
-                self.counted.update(ended)
+        ends = [self.ends.popleft() for _ in range(len(self.ends))]
+        if ends:
+            jobs = tuple(chain.from_iterable(map(_JOBS, ends)))
+            ended = tuple(chain.from_iterable(map(_OUTCOMES, ends)))
+            queues, types = tuple(map(_QUEUE, jobs)), tuple(map(_TYPE, jobs))
+            if jobs and _alike(queues) and _alike(types) and len(ended) == len(jobs):
+                for outcome, n in Counter(ended).items():
+                    self.counted[(queues[0], types[0], outcome)] += n
             else:
-                found = alike.get(key)
-                if found is None:
-                    alike[key] = list(ended)
-                else:
-                    found.extend(ended)
-        for (queue, job_type), ended in alike.items():
-            for outcome, n in Counter(ended).items():
-                self.counted[(queue, job_type, outcome)] += n
+                self.counted.update(zip(queues, types, ended, strict=False))
         runs = [self.runs.popleft() for _ in range(len(self.runs))]
         if not runs:
             return
@@ -124,16 +121,9 @@ class Counters:
             total[4] = max(total[4], max(seconds))
 
     def ended(self, jobs: Sequence[Any], outcomes: Sequence[str]) -> None:
-        """The outcomes recorded for ``jobs`` (lost ones count nowhere)."""
-        if not jobs:
-            return
-        queues, types = tuple(map(_QUEUE, jobs)), tuple(map(_TYPE, jobs))
-        if _alike(queues) and _alike(types) and len(outcomes) == len(jobs):
-            self.ends.append(((queues[0], types[0]), outcomes))
-        else:
-            self.ends.append((None, tuple(zip(queues, types, outcomes, strict=False))))
-        if len(self.ends) >= FOLD_AT:
-            self._fold_now()
+        """The outcomes recorded for ``jobs`` (lost ones count nowhere). One C call for the
+        recorder (the dispatcher's claim loop waits on it); the executors add them up."""
+        self.ends.append((tuple(jobs), outcomes))
 
     def take(self, now: float, mono: float) -> Batch:
         """The rows to write (KEYS + ADDS + MAXES each), forgotten here. ``now`` and ``mono``:
@@ -187,6 +177,7 @@ class Batch(list[list[Any]]):
 
 
 _QUEUE_AND_TYPE = itemgetter(0, 1)
+_JOBS, _OUTCOMES = itemgetter(0), itemgetter(1)
 _QUEUE, _TYPE = attrgetter("queue"), attrgetter("job_type")
 
 
