@@ -4,6 +4,8 @@ import json
 import os
 from pathlib import Path
 
+from benchmarks.databases import postgres
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 RESULTS.mkdir(exist_ok=True)
@@ -19,17 +21,14 @@ if DB == "sqlite":
         "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": str(RESULTS / f"{NAME}.sqlite3")}
     }
 elif DB == "postgres":
+    # RWS_BENCH_PGPORT: another port, such as run.py --pgbouncer's PgBouncer, which
+    # RWS_BENCH_POOLER tells the queue of (Django's setting for transaction poolers).
     DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": NAME,
-            "USER": "postgres",
-            "HOST": "127.0.0.1",
-            # RWS_BENCH_PGPORT: another port, such as run.py --pgbouncer's PgBouncer, which
-            # RWS_BENCH_POOLER tells the queue of (Django's setting for transaction poolers).
-            "PORT": os.environ.get("RWS_BENCH_PGPORT", "5432"),
-            "DISABLE_SERVER_SIDE_CURSORS": bool(os.environ.get("RWS_BENCH_POOLER")),
-        }
+        "default": postgres(
+            NAME,
+            os.environ.get("RWS_BENCH_PGPORT", "5432"),
+            DISABLE_SERVER_SIDE_CURSORS=bool(os.environ.get("RWS_BENCH_POOLER")),
+        )
     }
 elif DB == "mysql":
     DATABASES = {

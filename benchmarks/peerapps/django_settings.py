@@ -5,6 +5,8 @@ app ours has in benchmarks/settings.py."""
 
 import os
 
+from benchmarks.databases import postgres
+
 PEER = os.environ["RWS_BENCH_DJANGO_PEER"]
 NAME = os.environ["RWS_BENCH_DJANGO_PEERS_DB"]
 SECRET_KEY = "bench"
@@ -27,15 +29,7 @@ if NAME.endswith(".sqlite3"):  # in WAL mode, as ours runs SQLite
         }
     }
 else:
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": NAME,
-            "USER": "postgres",
-            "HOST": "127.0.0.1",
-            "PORT": "5432",
-        }
-    }
+    DATABASES = {"default": postgres(NAME)}
 if PEER == "ox":
     TASKS = {"default": {"BACKEND": "django_ox.backend.OxBackend"}}
 elif PEER == "tasks_db":
