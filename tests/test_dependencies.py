@@ -1,7 +1,9 @@
 """Jobs that wait for jobs and batches: enqueue(after=, on_dependency_failure=)."""
 
+import sqlite3
+
 import pytest
-from django.db import connections
+from django.db import connection, connections
 
 import django_rws_jobs as rws
 from django_rws_jobs.models import Dependency, Job
@@ -154,6 +156,25 @@ def test_bad_input_is_a_clear_error_and_stores_nothing(kwargs, error):
         rws.enqueue("test.record", "x", **kwargs)
     assert error in str(caught.value)
     assert Job.objects.count() == 0 and Dependency.objects.count() == 0
+
+
+def test_after_takes_more_ids_than_one_statement_holds():
+    """14,000 edges of 5 values each: one INSERT would pass the 32,766 parameters of SQLite's
+    default build (Debian's takes 250,000: set here to the default's) and the 65,535 of
+    PostgreSQL's protocol where parameters are bound on the server."""
+    connection.ensure_connection()
+    raw = connection.connection
+    limit = getattr(raw, "setlimit", None) if connection.vendor == "sqlite" else None
+    before = limit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 32_766) if limit else None
+    try:
+        ids = rws.enqueue_many(["test.record"] * 14_000)
+        waiting = rws.enqueue("test.record", "x", after=ids)
+    finally:
+        if limit:
+            limit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, before)
+    assert status(waiting) == "blocked"
+    assert Dependency.objects.filter(job_id=waiting, outcome__isnull=True).count() == 14_000
+    assert Job.objects.filter(id__in=ids[-500:], has_dependents=True).count() == 500
 
 
 def test_a_unique_job_already_live_gets_no_dependencies():

@@ -78,16 +78,15 @@ def add(conn: Any, job_id: str, deps: Sequence[tuple[str, bool]], policy: str) -
     with conn.cursor() as c:
         for dep, on_batch in deps:
             outcomes.append(_current_outcome(c, dep, on_batch))
-        rows = [
-            v
-            for (dep, on_batch), outcome in zip(deps, outcomes, strict=True)
-            for v in (job_id, dep, on_batch, policy, outcome)
-        ]
-        c.execute(
-            "INSERT INTO rws_job_dependencies (job_id, depends_on, on_batch, policy, outcome) VALUES "
-            + ", ".join(["(%s, %s, %s, %s, %s)"] * len(deps)),
-            rows,
-        )
+        # At most CHUNK parameters a statement, whatever the number of ids: SQLite builds take
+        # 999 or 32,766, PostgreSQL 65,535
+        # (tests/test_dependencies.py::test_after_takes_more_ids_than_one_statement_holds).
+        for part in batches(zip(deps, outcomes, strict=True), CHUNK // 5):
+            c.execute(
+                "INSERT INTO rws_job_dependencies (job_id, depends_on, on_batch, policy, outcome) VALUES "
+                + ", ".join(["(%s, %s, %s, %s, %s)"] * len(part)),
+                [v for (dep, on_batch), outcome in part for v in (job_id, dep, on_batch, policy, outcome)],
+            )
         status = decide([(policy, o) for o in outcomes])
         if status != "blocked":
             _set_status(c, [job_id], status, int(clock.now(conn.alias)))
