@@ -8,6 +8,7 @@ import json
 import threading
 
 import pytest
+from django.db import connections
 
 import django_rws_jobs as rws
 from django_rws_jobs.models import Job
@@ -53,7 +54,17 @@ def test_the_attempt_counts_the_runs():
 
 def test_each_thread_sees_its_own_job():
     ids = {str(i): rws.enqueue("test.whoami", str(i)) for i in range(8)}
-    threads = [threading.Thread(target=lambda: [rws.tick() for _ in range(4)]) for _ in range(4)]
+
+    def ticks() -> None:
+        try:
+            for _ in range(4):
+                rws.tick()
+        finally:
+            # A thread's connections outlive it unless it closes them: left open, PostgreSQL
+            # refuses to drop the test database at the session's end.
+            connections.close_all()
+
+    threads = [threading.Thread(target=ticks) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
