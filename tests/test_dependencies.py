@@ -1,11 +1,13 @@
 """Jobs that wait for jobs and batches: enqueue(after=, on_dependency_failure=)."""
 
 import sqlite3
+import time
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 
 import django_rws_jobs as rws
+from django_rws_jobs.database.connections import private_connection
 from django_rws_jobs.models import Dependency, Job
 from django_rws_jobs.queue import dependencies
 from django_rws_jobs.queue.store import Store
@@ -113,6 +115,50 @@ def test_a_dependent_enqueued_while_its_dependency_runs_is_released_by_that_work
     assert rws.tick()  # runs the handler, then its deletion releases the dependent
     assert Job.objects.get().status == "pending"
     assert rws.tick() and runs() == [("record", "next")]
+
+
+def test_a_job_waiting_for_a_dead_job_is_released_by_its_retry(runs):
+    """The dependency died before the job began to wait: its retry's success, not the sweep,
+    releases the job (the edge flags it whatever its status)."""
+    dep = rws.enqueue("test.fail", "x", max_retries=0)
+    drain()
+    job = rws.enqueue("test.record", "after", after=[dep], on_dependency_failure="wait")
+    assert status(job) == "blocked"
+    Job.objects.filter(id=dep).update(job_type="test.record")  # fixed; retried
+    assert rws.retry(dep)
+    drain()
+    assert status(job) is None and [p for _, p in runs()] == ["x", "after"]
+
+
+@pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="SQLite: an open write transaction holds the whole file"
+)
+def test_an_open_enqueue_after_a_running_job_does_not_hold_its_worker():
+    """A caller's transaction that enqueued after=[x] while x runs stays open: x's worker still
+    renews its lease and finishes x at once (no lock of the enqueue's to wait for), and the
+    enqueue's recheck after the commit catches that x ended meanwhile."""
+    x = rws.enqueue("test.record", "x")
+    worker = private_connection("default")
+    try:
+        store = Store(worker)
+        with store.cursor() as c:
+            c.execute(
+                "SET lock_timeout = '200ms'"
+                if worker.vendor == "postgresql"
+                else "SET SESSION innodb_lock_wait_timeout = 1"
+            )
+        now = int(time.time())
+        (claimed,) = store.claim("w#1", now, now + 60, None, 1)
+        assert claimed.id == x
+        with transaction.atomic():
+            job = rws.enqueue("test.record", "after", after=[x])
+            assert status(job) == "blocked"
+            assert store.renew(["w#1"], now + 120) == 1  # raised a lock timeout before
+            assert store.complete(claimed)
+            assert not claimed.has_dependents  # the flag comes after the caller's commit
+        assert status(x) is None and status(job) == "pending"
+    finally:
+        worker.close()
 
 
 def test_an_end_nobody_recorded_is_found_by_the_recheck_and_the_sweep():

@@ -9,11 +9,15 @@ and succeeds. A job whose row is gone has succeeded.
 
 Invariants (tests/test_dependencies.py):
 
-- Nothing polls. The worker that ends a job with dependents (``has_dependents``, set by the
-  enqueue that waits for it, returned by the deletion of a finished job) resolves them after its
-  own commit (``batch_outcomes.settle``); a batch's finish resolves what waits for the batch.
-- An enqueue and an end that cross are caught by the enqueue looking again after its commit
-  (``recheck``): either the end's writer sees the dependency row, or the recheck sees the end.
+- Nothing polls. The worker that ends a job with dependents (``has_dependents``, returned by
+  the deletion of a finished job) resolves them after its own commit
+  (``batch_outcomes.settle``); a batch's finish resolves what waits for the batch.
+- An enqueue only reads the rows of what it waits for; it takes no lock on them. After its
+  commit, ``recheck`` sets their flag in a short transaction of its own, whatever their status
+  (a dead one may be retried and succeed), then looks at them again. An end that crosses the
+  enqueue is caught by one of the two: an end written after the flag's commit reads the flag
+  (the deletion returns it); one written before it is seen by the look that follows. Whatever
+  a crash leaves between the commit and the recheck, the keeper's ``sweep`` finds.
 - Resolution writes are conditional on ``status = 'blocked'``: a job is released or cancelled
   once, whoever resolves it (the worker, the recheck, the keeper's sweep).
 """
@@ -72,8 +76,14 @@ def targets(after: Any, policy_name: Any) -> list[tuple[str, bool]]:
 
 
 def add(conn: Any, job_id: str, deps: Sequence[tuple[str, bool]], policy: str) -> str:
-    """Record what the job ``job_id`` (inserted blocked in this transaction) waits for; mark each
-    live job it waits for, and resolve at once what has ended. Returns the job's status now."""
+    """Record what the job ``job_id`` (inserted blocked in this transaction) waits for, and
+    resolve at once what has ended. Returns the job's status now.
+
+    It only reads the rows of what it waits for: the flag that tells their workers to resolve
+    this job (``has_dependents``) is set by ``recheck`` after the caller commits, in a short
+    transaction of its own, so that a caller's open transaction never holds a lock that a
+    worker's renewal or outcome waits on
+    (tests/test_dependencies.py::test_an_open_enqueue_after_a_running_job_does_not_hold_its_worker)."""
     outcomes: list[str | None] = []
     with conn.cursor() as c:
         for dep, on_batch in deps:
@@ -104,18 +114,25 @@ def _current_outcome(c: Any, dep: str, on_batch: bool) -> str | None:
         if row[0] == "cancelled":
             return "failed"
         return row[1] if row[0] == "finished" else None
-    c.execute(
-        f"UPDATE rws_jobs SET has_dependents = TRUE WHERE id = %s AND status IN ({placeholders(len(LIVE))})",
-        [dep, *LIVE],
-    )
-    if c.rowcount:
-        return None
-    # (A driver that counts changed rows, not matched ones, says 0 for a flag set before.)
     c.execute("SELECT status FROM rws_jobs WHERE id = %s", [dep])
     row = c.fetchone()
     if row is None:
         return "succeeded"
     return None if row[0] in LIVE else "failed"
+
+
+def flag(store: Any, job_ids: Sequence[str]) -> None:
+    """Mark what the jobs ``job_ids`` wait for as having dependents, whatever its status (a dead
+    one may be retried and succeed: its worker then resolves them), each in a short transaction
+    of its own (tests/test_dependencies.py::test_a_job_waiting_for_a_dead_job_is_released_by_its_retry)."""
+    for part in batches(iter(job_ids), CHUNK):
+        with store.writes, store.atomic(), store.cursor() as c:
+            c.execute(
+                "UPDATE rws_jobs SET has_dependents = TRUE WHERE id IN (SELECT depends_on FROM "
+                f"rws_job_dependencies WHERE job_id IN ({placeholders(len(part))}) AND on_batch = FALSE) "
+                "AND (has_dependents IS NULL OR has_dependents = FALSE)",
+                list(part),
+            )
 
 
 def decide(edges: Iterable[tuple[str, str | None]]) -> str:
@@ -230,12 +247,14 @@ def resolve(store: Any, job_ids: Sequence[str]) -> tuple[int, list[str]]:
 
 
 def recheck(alias: str, job_ids: Sequence[str]) -> None:
-    """After an enqueue with ``after`` committed: the outcome of whatever ended meanwhile, then
-    the jobs' resolution (see the module's invariants). A failure is left to the sweep."""
+    """After an enqueue with ``after`` committed: flag what the jobs wait for (``flag``), then
+    find the outcome of whatever ended meanwhile and resolve the jobs (see the module's
+    invariants)."""
     from .store import Store
 
     try:
         store = Store(connections[alias])
+        flag(store, job_ids)
         sweep(store, int(clock.now(alias)), only=job_ids)
     except Exception:
         logger.exception(
