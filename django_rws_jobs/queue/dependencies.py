@@ -20,12 +20,16 @@ Invariants (tests/test_dependencies.py):
   a crash leaves between the commit and the recheck, the keeper's ``sweep`` finds.
 - Resolution writes are conditional on ``status = 'blocked'``: a job is released or cancelled
   once, whoever resolves it (the worker, the recheck, the keeper's sweep).
+- This module writes job rows only. Each function that cancels jobs hands their ids back to its
+  caller (``ended``'s and ``sweep``'s ``cancelled`` list, ``add``'s ``on_cancelled``), which
+  records them in their batches and sends ``job_cancelled`` (batch_outcomes.py;
+  tests/test_batches.py::test_a_member_cancelled_by_its_dependency_finishes_its_batch_and_signals).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
@@ -75,9 +79,21 @@ def targets(after: Any, policy_name: Any) -> list[tuple[str, bool]]:
     return list(found.items())
 
 
-def add(conn: Any, job_id: str, deps: Sequence[tuple[str, bool]], policy: str) -> str:
+#: What a caller of ``add`` passes to hear of the jobs it cancels: (store, their ids), called
+#: after the commit.
+OnCancelled = Callable[[Any, list[str]], Any]
+
+
+def add(
+    conn: Any,
+    job_id: str,
+    deps: Sequence[tuple[str, bool]],
+    policy: str,
+    on_cancelled: OnCancelled | None = None,
+) -> str:
     """Record what the job ``job_id`` (inserted blocked in this transaction) waits for, and
-    resolve at once what has ended. Returns the job's status now.
+    resolve at once what has ended. Returns the job's status now. ``on_cancelled`` hears, after
+    the commit, of the jobs this cancelled (it, or its recheck).
 
     It only reads the rows of what it waits for: the flag that tells their workers to resolve
     this job (``has_dependents``) is set by ``recheck`` after the caller commits, in a short
@@ -101,7 +117,8 @@ def add(conn: Any, job_id: str, deps: Sequence[tuple[str, bool]], policy: str) -
         if status != "blocked":
             _set_status(c, [job_id], status, int(clock.now(conn.alias)))
     alias = conn.alias
-    transaction.on_commit(lambda: recheck(alias, [job_id]), using=alias)
+    already = [job_id] if status == "cancelled" else []
+    transaction.on_commit(lambda: recheck(alias, [job_id], on_cancelled, already), using=alias)
     return status
 
 
@@ -180,9 +197,10 @@ RELEASE_SQL = (
 )
 
 
-def ended(store: Any, depends_on: Sequence[str], outcome: str) -> int:
+def ended(store: Any, depends_on: Sequence[str], outcome: str, cancelled: list[str] | None = None) -> int:
     """``depends_on`` (jobs or batches) ended with ``outcome``: set it on what waits for them and
-    resolve those jobs, cascading cancels. Returns how many jobs were released or cancelled.
+    resolve those jobs, cascading cancels; the ids cancelled are added to ``cancelled``. Returns
+    how many jobs were released or cancelled.
     A success costs two statements (the outcome, then RELEASE_SQL); a failure reads the waiting
     jobs' dependencies to apply their policies."""
     changed = 0
@@ -207,10 +225,12 @@ def ended(store: Any, depends_on: Sequence[str], outcome: str) -> int:
                 waiting_sql = "SELECT DISTINCT job_id FROM rws_job_dependencies WHERE depends_on IN ({})"
                 c.execute(waiting_sql.format(placeholders(len(part))), list(part))
                 waiting = [row[0] for row in c.fetchall()]
-            released, cancelled = resolve(store, waiting)
-            changed += released + len(cancelled)
-            if cancelled:
-                pending.append((cancelled, "failed"))
+            released, cancelled_now = resolve(store, waiting)
+            changed += released + len(cancelled_now)
+            if cancelled_now:
+                pending.append((cancelled_now, "failed"))
+                if cancelled is not None:
+                    cancelled += cancelled_now
     return changed
 
 
@@ -246,16 +266,22 @@ def resolve(store: Any, job_ids: Sequence[str]) -> tuple[int, list[str]]:
     return released, cancelled
 
 
-def recheck(alias: str, job_ids: Sequence[str]) -> None:
+def recheck(
+    alias: str, job_ids: Sequence[str], on_cancelled: OnCancelled | None = None, cancelled: Sequence[str] = ()
+) -> None:
     """After an enqueue with ``after`` committed: flag what the jobs wait for (``flag``), then
     find the outcome of whatever ended meanwhile and resolve the jobs (see the module's
-    invariants)."""
+    invariants); ``on_cancelled`` hears of ``cancelled`` (what the enqueue cancelled) and of what
+    this cancels."""
     from .store import Store
 
     try:
         store = Store(connections[alias])
         flag(store, job_ids)
-        sweep(store, int(clock.now(alias)), only=job_ids)
+        now_cancelled = list(cancelled)
+        sweep(store, int(clock.now(alias)), only=job_ids, cancelled=now_cancelled)
+        if now_cancelled and on_cancelled is not None:
+            on_cancelled(store, now_cancelled)
     except Exception:
         logger.exception(
             "could not resolve %d blocked job(s) after their enqueue; the sweep will", len(job_ids)
@@ -274,10 +300,17 @@ def recheck_batch(alias: str, batch_id: str) -> None:
         )
 
 
-def sweep(store: Any, now: int, only: Sequence[str] | None = None, limit: int = 500) -> int:
+def sweep(
+    store: Any,
+    now: int,
+    only: Sequence[str] | None = None,
+    limit: int = 500,
+    cancelled: list[str] | None = None,
+) -> int:
     """Set the outcomes that nobody wrote (a worker killed after its commit, a writer that knows
     no dependencies, an enqueue that crossed an end), then resolve the blocked jobs that have
-    all they need. ``only``: just these jobs. Returns how many were released or cancelled."""
+    all they need. ``only``: just these jobs. Returns how many were released or cancelled; the
+    ids cancelled are added to ``cancelled``."""
     where = f" AND d.job_id IN ({placeholders(len(only))})" if only else ""
     args = list(only or ())
     with store.cursor() as c:
@@ -309,9 +342,9 @@ def sweep(store: Any, now: int, only: Sequence[str] | None = None, limit: int = 
         dep for dep, state, outcome in batches_ended if not (state == "finished" and outcome == "succeeded")
     ]
     if succeeded:
-        changed += ended(store, succeeded, "succeeded")
+        changed += ended(store, succeeded, "succeeded", cancelled)
     if failed:
-        changed += ended(store, failed, "failed")
+        changed += ended(store, failed, "failed", cancelled)
     with store.cursor() as c:
         c.execute(
             "SELECT j.id FROM rws_jobs j WHERE j.status = 'blocked'"
@@ -323,10 +356,12 @@ def sweep(store: Any, now: int, only: Sequence[str] | None = None, limit: int = 
         )
         ready = [row[0] for row in c.fetchall()]
     if ready:
-        released, cancelled = resolve(store, ready)
-        changed += released + len(cancelled)
-        if cancelled:
-            changed += ended(store, cancelled, "failed")
+        released, cancelled_now = resolve(store, ready)
+        changed += released + len(cancelled_now)
+        if cancelled_now:
+            if cancelled is not None:
+                cancelled += cancelled_now
+            changed += ended(store, cancelled_now, "failed", cancelled)
     return changed
 
 
