@@ -210,6 +210,28 @@ def test_progress_is_seen_while_the_handler_holds_a_transaction(workers, pool, t
     assert rws.get_progress(job_id).current == 5
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("job_type", ["test.report_stall", "test.report_stall_async"])
+@pytest.mark.parametrize("end", ["timeout", "cancel"])
+@pytest.mark.parametrize("pool", ["threads", "processes"])
+def test_a_stopped_attempt_keeps_its_metadata_and_last_progress(workers, pool, end, job_type):  # noqa: F811
+    """JobTimeout, JobCancelled and a child's SystemExit are no Exceptions: the attempt's end writes
+    the handler's unsaved metadata and its last progress all the same, before its outcome is
+    recorded (runner.execute). The handler holds the writer's rounds off: only that end writes."""
+    job_id = rws.enqueue(job_type, end, metadata={"tenant": 3}, timeout=1 if end == "timeout" else None)
+    w = workers("--workers", "1", "--pool", pool, jobs={"TIMEOUT_GRACE": 30, "POLL_INTERVAL": 0.1})
+    wait_for(lambda: traced("stalling") == [end], what="the handler to stall" + w.output())
+    if end == "cancel":
+        assert rws.cancel(job_id)
+    status = Status.FAILED if end == "timeout" else Status.CANCELLED
+    wait_for(lambda: Job.objects.get(id=job_id).status == status, what=f"the job {status}" + w.output())
+    job = Job.objects.get(id=job_id)
+    assert job.last_error.startswith("JobTimeout" if end == "timeout" else "JobCancelled"), job.last_error
+    assert job.metadata == {"tenant": 3, "stage": "stalled"}
+    progress = rws.get_progress(job_id)
+    assert progress is not None and (progress.current, progress.total, progress.message) == (3, 4, "step 3")
+
+
 # -- django.tasks ----------------------------------------------------------------------------------
 
 

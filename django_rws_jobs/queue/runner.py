@@ -332,6 +332,18 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
             exc_info=True,
         )
         return describe(exc), tb
+    except BaseException:
+        # JobTimeout, JobCancelled, a child's SystemExit: the attempt ends here too, and what it
+        # changed and its last progress are written before the caller records its outcome. Also
+        # when the stop landed in the success path's _end, cutting its save short: _end again
+        # writes only what is not written yet
+        # (tests/test_reports.py::test_a_stopped_attempt_keeps_its_metadata_and_last_progress).
+        if job.context is not None:
+            try:
+                job.context._end(failed=True)
+            except Exception as unsaved:
+                logger.warning("job %s: its metadata was not saved: %s", job.id, unsaved)
+        raise
     finally:
         running.reset(token)
         if job.context is not None:

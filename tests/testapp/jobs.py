@@ -431,6 +431,39 @@ def report(payload: str) -> None:
             raise ValueError("asked to fail")
 
 
+def _report_then_change() -> None:
+    """Reports steps 1 to 3 of 4 and changes the metadata, saving nothing: the writer's rounds
+    are held off, so only the attempt's end writes them (context.JobContext._end)."""
+    from django_rws_jobs.queue import reports
+
+    ctx = current_job()
+    reports.writer(ctx._alias).last_write = time.monotonic() + 3600
+    for i in range(3):
+        ctx.progress(i + 1, 4, f"step {i + 1}")
+    ctx.metadata["stage"] = "stalled"
+
+
+@job("test.report_stall", max_retries=0)
+def report_stall(payload: str) -> None:
+    """Reports and changes its metadata unsaved (_report_then_change), traces "stalling", then
+    runs for ever in small steps, until a time limit or a cancel stops it."""
+    _report_then_change()
+    _trace("stalling", payload)
+    _forever(0.02)
+
+
+@job("test.report_stall_async", max_retries=0)
+async def report_stall_async(payload: str) -> None:
+    """report_stall as an async def handler: it waits in asyncio.sleep(600)."""
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    _report_then_change()  # its metadata read runs off the event loop (context._off_the_loop)
+    await sync_to_async(_trace)("stalling", payload)
+    await asyncio.sleep(600)
+
+
 @job("test.report_loop", max_retries=0)
 def report_loop(payload: str) -> None:
     """Calls progress() as fast as it can for ``payload`` seconds; traces how many times."""
