@@ -10,6 +10,7 @@ import django_rws_jobs as rws
 from django_rws_jobs.database.connections import private_connection
 from django_rws_jobs.models import Dependency, Job
 from django_rws_jobs.queue import dependencies
+from django_rws_jobs.queue.dead_letters import retry_many
 from django_rws_jobs.queue.store import Store
 from tests.conftest import drain
 
@@ -159,6 +160,31 @@ def test_an_open_enqueue_after_a_running_job_does_not_hold_its_worker():
         assert status(x) is None and status(job) == "pending"
     finally:
         worker.close()
+
+
+@pytest.mark.parametrize("many", [False, True])
+def test_a_retried_chain_runs_its_steps_in_order_again(many, runs):
+    """Retrying a chain's dead step and its cancelled successors: each waits for the step before
+    again (with higher priorities than it), one by one or all at once (retry_many)."""
+    a, b, c = rws.chain(
+        rws.call("test.fail", "a", max_retries=0, priority=-5),
+        rws.call("test.record", "b", priority=5),
+        rws.call("test.record", "c", priority=9),
+    )
+    drain()
+    assert [status(i) for i in (a, b, c)] == ["failed", "cancelled", "cancelled"]
+    assert rws.retry(b)  # a still dead: decided again, cancelled again
+    assert status(b) == "cancelled"
+    Job.objects.filter(id=a).update(job_type="test.record")  # fixed
+    if many:
+        Job.objects.filter(id__in=[b, c]).update(status="failed")  # as if they had died: retry_many's
+        retried, held = retry_many([c, b, a])
+        assert sorted(retried) == sorted([a, b, c]) and held == []
+    else:
+        assert rws.retry(a) and rws.retry(b) and rws.retry(c)
+    assert [status(i) for i in (a, b, c)] == ["pending", "blocked", "blocked"]
+    drain()
+    assert [p for _, p in runs()] == ["a", "b", "c"]
 
 
 def test_an_end_nobody_recorded_is_found_by_the_recheck_and_the_sweep():

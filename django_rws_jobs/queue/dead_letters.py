@@ -36,9 +36,10 @@ def back_in_queue() -> Case:
 
 
 def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
-    """Put a failed or cancelled job back, due now with attempts reset. False if there is no
-    failed or cancelled job ``job_id``, or if a pending or running job already holds its unique
-    key."""
+    """Put a failed or cancelled job back, due now with attempts reset; one enqueued with
+    ``after`` goes back to blocked and is decided again from what it waits for now
+    (dependencies.rewait). False if there is no failed or cancelled job ``job_id``, or if a
+    pending or running job already holds its unique key."""
     job_id = _job_id(job_id)
     alias = queue_alias(using)
     now = int(clock.now(alias)) if now is None else _int("now", now, 0, INT64_MAX)
@@ -70,8 +71,10 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
                     )
                 )
             if changed:
-                reopen_members(Store(connections[alias]), [job_id])
-                dependencies.reopen(Store(connections[alias]), [job_id])
+                store = Store(connections[alias])
+                reopen_members(store, [job_id])
+                dependencies.reopen(store, [job_id])
+                dependencies.rewait(store, [job_id])  # one that waits for something is decided again
         except IntegrityError:
             return False
     return changed == 1
@@ -194,8 +197,10 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
                     failed_at=None,
                     task_history=None,  # a retried task starts a new history, as attempts do
                 )
-                reopen_members(Store(connections[alias]), retried)
-                dependencies.reopen(Store(connections[alias]), retried)
+                store = Store(connections[alias])
+                reopen_members(store, retried)
+                dependencies.reopen(store, retried)
+                dependencies.rewait(store, retried)
         except IntegrityError:
             # A key was taken since the look above (an enqueue that committed meanwhile): one by
             # one, as retry() does, which tells which.

@@ -379,6 +379,41 @@ def reopen(store: Any, job_ids: Sequence[str]) -> None:
             )
 
 
+def rewait(store: Any, job_ids: Sequence[str], on_cancelled: OnCancelled | None = None) -> list[str]:
+    """Jobs among ``job_ids`` were put back in the queue (a retry): those that wait for something
+    not known to have succeeded go back to ``blocked``, what they wait for that failed is unknown
+    again, and after the retry's commit ``recheck`` decides them again from what they wait for
+    now (tests/test_dependencies.py::test_a_retried_chain_runs_its_steps_in_order_again). Call it
+    in the retry's transaction, after the status update, with at most one IN list of ids (a
+    retry_many batch): one statement when none waits for anything. Returns the jobs blocked;
+    ``on_cancelled`` hears of those the recheck cancels again, as ``add``'s."""
+    if not job_ids:
+        return []
+    marks = placeholders(len(job_ids))
+    with store.cursor() as c:
+        c.execute(
+            "UPDATE rws_jobs SET status = 'blocked', concurrency_slot = NULL "
+            f"WHERE id IN ({marks}) AND status IN ('pending', 'waiting') AND EXISTS (SELECT 1 FROM "
+            "rws_job_dependencies d WHERE d.job_id = rws_jobs.id "
+            "AND (d.outcome IS NULL OR d.outcome = 'failed'))",
+            list(job_ids),
+        )
+        if not c.rowcount:
+            return []
+        c.execute(f"SELECT id FROM rws_jobs WHERE id IN ({marks}) AND status = 'blocked'", list(job_ids))
+        blocked = [row[0] for row in c.fetchall()]
+        # A batch pruned since it failed can tell nothing any more: its failure stands.
+        c.execute(
+            "UPDATE rws_job_dependencies SET outcome = NULL WHERE outcome = 'failed' "
+            f"AND job_id IN ({placeholders(len(blocked))}) AND (on_batch = FALSE OR EXISTS "
+            "(SELECT 1 FROM rws_batches b WHERE b.id = rws_job_dependencies.depends_on))",
+            blocked,
+        )
+    alias = store.conn.alias
+    transaction.on_commit(lambda: recheck(alias, blocked, on_cancelled), using=alias)
+    return blocked
+
+
 def release_in_claim(store: Any, finished: Sequence[Claimed], done: set[str], now: int) -> None:
     """Release the jobs that wait for the succeeded ``done`` among ``finished``, and promote the
     keys of those that went to waiting, in the transaction of ``store.finish_and_claim`` (its
