@@ -2,6 +2,7 @@
 
 import sqlite3
 import time
+import uuid
 
 import pytest
 from django.db import connection, connections, transaction
@@ -185,6 +186,49 @@ def test_a_retried_chain_runs_its_steps_in_order_again(many, runs):
     assert [status(i) for i in (a, b, c)] == ["pending", "blocked", "blocked"]
     drain()
     assert [p for _, p in runs()] == ["a", "b", "c"]
+
+
+def _id_made_at(seconds: float) -> str:
+    """An id of the form ids.new_id writes, made at ``seconds``."""
+    h = f"{(int(seconds * 1000) << 80) | (0x7 << 76) | (0b10 << 62) | 12345:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+@pytest.mark.parametrize(
+    "unknown, why",
+    [
+        ("not-a-job", "not an id this queue makes"),
+        (str(uuid.uuid4()), "not an id this queue makes"),
+        ("01A249BC-0B94-70BD-8F8C-5945C0C261ED", "not an id this queue makes"),  # not as it writes them
+        (_id_made_at(time.time() + 86400), "carries a time later than now"),
+    ],
+)
+def test_after_refuses_an_id_that_names_nothing(unknown, why):
+    """A typo, an id of another database: refused, not taken for a success; the caller's
+    transaction goes on, and enqueue_many names the item."""
+    a = rws.enqueue("test.record", "a")
+    with transaction.atomic():
+        with pytest.raises(ValueError, match=f"after names '{unknown}', which is no job or batch.*{why}"):
+            rws.enqueue("test.record", "x", after=[a, unknown])
+        with pytest.raises(ValueError, match=f"job #1: after names '{unknown}'"):
+            rws.enqueue_many(["test.record", {"job_type": "test.record", "after": [unknown]}])
+        assert rws.enqueue("test.record", "y", after=[a])  # the transaction is still usable
+    assert Job.objects.count() == 2 and Dependency.objects.count() == 1
+    # A job made before the enqueue and gone has succeeded (and was deleted).
+    assert status(rws.enqueue("test.record", "z", after=[_id_made_at(time.time() - 5)])) == "pending"
+
+
+def test_after_takes_a_batch_id_given_as_text(runs):
+    """``b.id`` (what a view or a job passes on) is the batch, as ``b`` is."""
+    with rws.batch() as b:
+        b.enqueue("test.record", "m1")
+        with pytest.raises(ValueError, match="cannot wait for it"):
+            rws.enqueue("test.record", "x", after=[b.id])
+    job = rws.enqueue("test.record", "report", after=[b.id], priority=100)
+    assert status(job) == "blocked"
+    assert Dependency.objects.get(job_id=job).on_batch
+    drain()
+    assert [p for _, p in runs()] == ["m1", "report"]
 
 
 def test_an_end_nobody_recorded_is_found_by_the_recheck_and_the_sweep():

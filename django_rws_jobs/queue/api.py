@@ -374,7 +374,10 @@ def enqueue_items(
             )
         for index, deps in waits.items():
             if index not in taken:
-                dependencies.add(conn, ids[index], *deps)
+                try:
+                    dependencies.add(conn, ids[index], *deps)
+                except ValueError as exc:  # an id in after= that names nothing
+                    raise ValueError(f"job #{first + index}: {exc}") from None
         _wake_local_workers(alias)
     return ids
 

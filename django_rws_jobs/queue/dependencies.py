@@ -5,7 +5,9 @@ A job enqueued with ``after`` is stored ``blocked`` (no claim reads it) with a r
 (succeeded, failed) and the job is resolved: pending once everything it waits for has succeeded;
 on a failure, by the row's policy: ``cancel`` cancels it (and, in turn, what waits on it),
 ``run`` counts the failure as done, ``wait`` keeps it blocked until the dependency is retried
-and succeeds. A job whose row is gone has succeeded.
+and succeeds. A job whose row is gone has succeeded; an id that names no job and no batch is
+taken for such a job only if this queue made it before the enqueue, and refused otherwise
+(``_current_outcomes``).
 
 Invariants (tests/test_dependencies.py):
 
@@ -29,6 +31,7 @@ Invariants (tests/test_dependencies.py):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +43,7 @@ from ..database.backends.statements import placeholders
 from ..database.validation import show
 from ..database.validation import text as _text
 from ..flow.concurrency_keys import promote
+from . import ids
 
 if TYPE_CHECKING:
     from ..database.backends.claimed import Claimed
@@ -100,20 +104,18 @@ def add(
     transaction of its own, so that a caller's open transaction never holds a lock that a
     worker's renewal or outcome waits on
     (tests/test_dependencies.py::test_an_open_enqueue_after_a_running_job_does_not_hold_its_worker)."""
-    outcomes: list[str | None] = []
     with conn.cursor() as c:
-        for dep, on_batch in deps:
-            outcomes.append(_current_outcome(c, dep, on_batch))
+        found = _current_outcomes(c, conn.alias, job_id, deps)
         # At most CHUNK parameters a statement, whatever the number of ids: SQLite builds take
         # 999 or 32,766, PostgreSQL 65,535
         # (tests/test_dependencies.py::test_after_takes_more_ids_than_one_statement_holds).
-        for part in batches(zip(deps, outcomes, strict=True), CHUNK // 5):
+        for part in batches(iter(found), CHUNK // 5):
             c.execute(
                 "INSERT INTO rws_job_dependencies (job_id, depends_on, on_batch, policy, outcome) VALUES "
                 + ", ".join(["(%s, %s, %s, %s, %s)"] * len(part)),
-                [v for (dep, on_batch), outcome in part for v in (job_id, dep, on_batch, policy, outcome)],
+                [v for dep, on_batch, outcome in part for v in (job_id, dep, on_batch, policy, outcome)],
             )
-        status = decide([(policy, o) for o in outcomes])
+        status = decide([(policy, outcome) for _, _, outcome in found])
         if status != "blocked":
             _set_status(c, [job_id], status, int(clock.now(conn.alias)))
     alias = conn.alias
@@ -122,20 +124,66 @@ def add(
     return status
 
 
-def _current_outcome(c: Any, dep: str, on_batch: bool) -> str | None:
-    if on_batch:
-        c.execute("SELECT state, outcome FROM rws_batches WHERE id = %s", [dep])
-        row = c.fetchone()
-        if row is None:
+#: How far (seconds) the id of a job that is gone may be ahead of this process's clock (and the
+#: queue's) and still count as a job made before the enqueue: another host's clock may run ahead.
+ID_CLOCK_SKEW = 60
+
+
+def _current_outcomes(
+    c: Any, alias: str, job_id: str, deps: Sequence[tuple[str, bool]]
+) -> list[tuple[str, bool, str | None]]:
+    """Each of ``deps`` as (id, whether it is a batch, its outcome: None while it has not ended).
+
+    An id given as a string names a job, else a batch (``b.id``). One that names neither is a job
+    that succeeded (and was deleted) only if this queue could have made it before now: an id of
+    the form ``ids.new_id`` writes, whose time is not later than now; any other is refused, as a
+    typo or an id of another database would otherwise run the job at once
+    (tests/test_dependencies.py::test_after_refuses_an_id_that_names_nothing)."""
+    statuses: dict[str, str] = {}
+    for part in batches(iter([dep for dep, on_batch in deps if not on_batch]), CHUNK):
+        c.execute(f"SELECT id, status FROM rws_jobs WHERE id IN ({placeholders(len(part))})", list(part))
+        statuses.update((row[0], row[1]) for row in c.fetchall())
+    states: dict[str, tuple[str, str | None]] = {}
+    for part in batches(iter([dep for dep, on_batch in deps if on_batch or dep not in statuses]), CHUNK):
+        c.execute(
+            f"SELECT id, state, outcome FROM rws_batches WHERE id IN ({placeholders(len(part))})", list(part)
+        )
+        states.update((row[0], (row[1], row[2])) for row in c.fetchall())
+    found: list[tuple[str, bool, str | None]] = []
+    latest = max(time.time(), clock.now(alias)) + ID_CLOCK_SKEW
+    for dep, on_batch in deps:
+        if not on_batch and dep in statuses:
+            found.append((dep, False, None if statuses[dep] in LIVE else "failed"))
+        elif dep in states:
+            state, outcome = states[dep]
+            found.append(
+                (dep, True, "failed" if state == "cancelled" else outcome if state == "finished" else None)
+            )
+        elif on_batch:
             raise ValueError(f"after names batch {dep}, which does not exist (or was pruned)")
-        if row[0] == "cancelled":
-            return "failed"
-        return row[1] if row[0] == "finished" else None
-    c.execute("SELECT status FROM rws_jobs WHERE id = %s", [dep])
-    row = c.fetchone()
-    if row is None:
-        return "succeeded"
-    return None if row[0] in LIVE else "failed"
+        else:
+            made = ids.made_at(dep)
+            if made is None or made > latest:
+                raise ValueError(
+                    f"after names {show(dep)}, which is no job or batch in database {alias!r} and "
+                    + ("not an id this queue makes" if made is None else "carries a time later than now")
+                    + ": only a job id made before the enqueue whose job is gone counts as a success"
+                )
+            found.append((dep, False, "succeeded"))
+    given_as_text = [
+        dep
+        for (dep, on_batch), (_, is_batch, _) in zip(deps, found, strict=True)
+        if is_batch and not on_batch
+    ]
+    if given_as_text:
+        c.execute("SELECT batch_id FROM rws_jobs WHERE id = %s", [job_id])
+        row = c.fetchone()
+        if row is not None and row[0] in given_as_text:
+            raise ValueError(
+                f"a job enqueued inside batch {row[0]} cannot wait for it: "
+                "as a member, the batch would wait for it in turn"
+            )
+    return found
 
 
 def flag(store: Any, job_ids: Sequence[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import socket
 import threading
 import time
@@ -37,6 +38,18 @@ def new_id() -> str:
     value = (ms << 80) | (0x7 << 76) | (counter << 64) | (0b10 << 62) | rand
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+#: The text ``new_id`` writes: a lowercase UUIDv7 (version 7, RFC 9562 variant).
+_FORM = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+
+
+def made_at(value: str) -> float | None:
+    """The unix time (seconds) at which ``new_id`` made ``value``; None for a string of any other
+    form, which this queue did not make."""
+    if not _FORM.fullmatch(value):
+        return None
+    return int(value[:8] + value[9:13], 16) / 1000
 
 
 def _new_worker_id() -> None:
