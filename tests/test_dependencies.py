@@ -231,6 +231,37 @@ def test_after_takes_a_batch_id_given_as_text(runs):
     assert [p for _, p in runs()] == ["m1", "report"]
 
 
+def test_the_rows_of_jobs_that_are_gone_are_pruned(monkeypatch):
+    """A chain's and an after='s rows go once their waiting jobs are gone, in bounded passes from
+    where the last one stopped (the keeper's, each recovery interval); those of jobs still there
+    (blocked, dead: it may be retried) stay."""
+    from types import SimpleNamespace
+
+    from django_rws_jobs.worker.keeper import LeaseKeeper
+
+    for n in range(3):
+        rws.chain(
+            rws.call("test.record", f"{n}a"), rws.call("test.record", f"{n}b"), rws.call("test.record", "c")
+        )
+    dead = rws.enqueue("test.fail", "x", max_retries=0)
+    after_dead = rws.enqueue("test.record", "y", after=[dead], on_dependency_failure="wait")
+    drain()
+    (dead_too,) = rws.chain(rws.call("test.record", "z"), rws.call("test.fail", "w", max_retries=0))[1:]
+    drain()
+    assert status(dead_too) == "failed" and Dependency.objects.count() == 3 * 2 + 2
+    store = Store(connections["default"])
+    monkeypatch.setattr(dependencies, "PRUNE_JOBS", 2)
+    keeper = SimpleNamespace(shared=SimpleNamespace(alias="default"), prune_edges_after="")
+    passes = 0
+    while True:
+        LeaseKeeper._tidy(keeper, store)  # type: ignore[arg-type]
+        passes += 1
+        if not keeper.prune_edges_after:
+            break
+    assert passes == 5  # 8 waiting jobs, 2 a pass, and a last one that finds none
+    assert set(Dependency.objects.values_list("job_id", flat=True)) == {after_dead, dead_too}
+
+
 def test_an_end_nobody_recorded_is_found_by_the_recheck_and_the_sweep():
     a1 = rws.enqueue("test.record", "a1")
     a2 = rws.enqueue("test.record", "a2")

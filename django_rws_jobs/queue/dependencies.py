@@ -413,6 +413,40 @@ def sweep(
     return changed
 
 
+#: Waiting jobs whose rows ``prune`` looks at in one pass.
+PRUNE_JOBS = 2000
+
+
+def prune(store: Any, after: str = "") -> str:
+    """Delete the dependency rows of waiting jobs that are gone (succeeded and deleted, pruned
+    after their cancel, deleted by an operator): nothing decides or retries a job that is gone, so
+    they can no longer matter. A row of a job that is still there stays, whatever its status (a
+    failed or cancelled job may be retried, and is decided again from them). One pass looks at
+    the rows of up to PRUNE_JOBS waiting jobs, in job id order from ``after``; it returns where the
+    next pass starts, "" once it went round
+    (tests/test_dependencies.py::test_the_rows_of_jobs_that_are_gone_are_pruned)."""
+    with store.cursor() as c:
+        c.execute(
+            "SELECT DISTINCT job_id FROM rws_job_dependencies WHERE job_id > %s "
+            f"ORDER BY job_id LIMIT {PRUNE_JOBS}",
+            [after],
+        )
+        waiting = [row[0] for row in c.fetchall()]
+    for part in batches(iter(waiting), CHUNK):
+        with store.cursor() as c:
+            c.execute(f"SELECT id FROM rws_jobs WHERE id IN ({placeholders(len(part))})", list(part))
+            there = {row[0] for row in c.fetchall()}
+        gone = [job_id for job_id in part if job_id not in there]
+        if gone:
+            with store.writes, store.atomic(), store.cursor() as c:
+                c.execute(
+                    f"DELETE FROM rws_job_dependencies WHERE job_id IN ({placeholders(len(gone))}) "
+                    "AND NOT EXISTS (SELECT 1 FROM rws_jobs j WHERE j.id = rws_job_dependencies.job_id)",
+                    gone,
+                )
+    return waiting[-1] if len(waiting) == PRUNE_JOBS else ""
+
+
 def reopen(store: Any, job_ids: Sequence[str]) -> None:
     """Jobs (or batches) among ``job_ids`` were put back in the queue: what waits for them with
     ``wait`` waits for the new attempt (its outcome is unknown again). Call it in the retry's

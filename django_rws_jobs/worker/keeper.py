@@ -52,6 +52,7 @@ class LeaseKeeper:
         self.warned_offset: float | None = None  # see clock.warn_if_off
         self.lease_ends: dict[str, int] = {}  # claim token -> its lease's end, as last renewed
         self.lapsed: set[tuple[str, str]] = set()  # (token, job id) whose lapse was logged
+        self.prune_edges_after = ""  # where the next pass of dependencies.prune starts
 
     def loop(self) -> None:
         try:
@@ -96,12 +97,14 @@ class LeaseKeeper:
 
     def _tidy(self, store: Any) -> None:
         """Delete dead workers' rows after an hour, and cancelled jobs past their retention;
-        repair the batches a crash left and prune the ended ones past their retention."""
+        repair the batches a crash left and prune the ended ones past their retention, and the
+        dependency rows of jobs that are gone."""
         now = int(clock.now(self.shared.alias))
         forget_dead(store, now)
         prune_cancelled(store, now, float(jobs_settings.CANCELLED_RETENTION))
         batch_outcomes.sweep(store, now)
         dependencies.sweep(store, now)
+        self.prune_edges_after = dependencies.prune(store, self.prune_edges_after)
         batch_outcomes.prune(store, now, float(jobs_settings.BATCH_RETENTION))
         metrics.prune(store, now - int(jobs_settings.METRICS_RETENTION))
 
