@@ -361,6 +361,58 @@ def test_record_keeps_a_members_last_output():
     assert kept == [True, True, True, True, False]  # the last: the callback, which is no member
 
 
+def test_an_async_handler_uses_every_job_context_method():
+    """On its event loop an async def handler reads batch_id, batch_event, batch and metadata and
+    calls record() (each runs its query in a thread of its own); arecord() and asave_metadata()
+    run in the handler's thread. As a member and as the batch's callback."""
+    with rws.batch(on_finish=rws.call("test.batch_async", "callback")) as b:
+        member = b.enqueue("test.batch_async", "member", metadata={"n": 1})
+    drain()
+    seen = {t["payload"]: t for t in (json.loads(r.payload) for r in Run.objects.filter(kind="batch-async"))}
+    assert seen["member"] == {
+        "payload": "member",
+        "batch": b.id,
+        "event": None,
+        "state": "sealed",
+        "metadata": {"n": 1},
+        "kept": True,
+        "akept": True,
+        "saved": True,
+    }
+    assert seen["callback"] == {
+        "payload": "callback",
+        "batch": b.id,
+        "event": "finish",
+        "state": "finished",
+        "metadata": {},
+        "kept": False,  # a callback is no member: it keeps no output
+        "akept": False,
+        "saved": True,
+    }
+    assert list(rws.get_batch(b.id).outputs()) == [(member, {"from": "member"})]
+
+
+@pytest.mark.django_db(transaction=False)
+def test_an_async_handler_ticked_inside_a_transaction_names_the_twins():
+    """tick() inside the test's transaction: only the handler's thread sees the job's row. The
+    metadata and batch_id are read before the event loop starts; record() and batch on the loop
+    are a clear error, naming the async twin; the twins work, and the progress reported on the
+    loop is written by asave_metadata()."""
+    with rws.batch() as b:
+        member = b.enqueue("test.batch_async", "inline-fail", max_retries=0)
+    assert rws.tick()
+    [seen] = [json.loads(r.payload) for r in Run.objects.filter(kind="batch-async")]
+    assert seen["kept"].startswith("RuntimeError: current_job().record() on the event loop of an async")
+    assert "use await arecord(), or a test outside a transaction" in seen["kept"]
+    assert (seen["batch"], seen["event"], seen["metadata"]) == (b.id, None, {})
+    assert seen["state"].startswith("RuntimeError: current_job().batch on the event loop")
+    assert (seen["akept"], seen["saved"]) == (True, True)
+    assert list(rws.get_batch(b.id).outputs()) == [(member, {"from": "inline-fail"})]
+    assert Job.objects.get(id=member).metadata == {"async": True}
+    progress = rws.get_progress(member)
+    assert (progress.current, progress.total, progress.message) == (1, 2, "half")
+
+
 def test_record_outside_a_batch_keeps_nothing():
     rws.enqueue("test.batch_output", out(value=1))
     drain()

@@ -105,7 +105,7 @@ class JobContext:
             return None
         from .batches import get_batch
 
-        return get_batch(batch_id, using=self._alias)
+        return self._off_the_loop("batch", lambda: get_batch(batch_id, using=self._alias))
 
     @property
     def batch_event(self) -> str | None:
@@ -114,16 +114,43 @@ class JobContext:
 
     def _batch(self) -> tuple[str | None, str | None]:
         if self._batch_row is None:
-            from ..models import Job
-
-            row = (
-                Job.objects.using(self._alias)
-                .filter(id=self.id)
-                .values_list("batch_id", "batch_event")
-                .first()
-            )
+            row = self._off_the_loop("batch_id", self._read_batch)
             self._batch_row = (None, None) if row is None else (row[0], row[1])
         return self._batch_row
+
+    def _off_the_loop(self, what: str, work: Callable[[], T], twin: str | None = None) -> T:
+        """``work()``, database work: in this thread, or, where an ``async def`` handler's event
+        loop runs here (Django refuses queries there), in a thread of its own whose connection is
+        closed after (tests/test_reports.py::test_an_async_handler_reports_and_saves,
+        tests/test_batches.py::test_an_async_handler_uses_every_job_context_method). A job that
+        ``tick()`` claimed inside the caller's transaction is seen by no connection but the
+        handler thread's: there a clear error, naming the async twin if there is one."""
+        if not _on_the_loop():
+            return work()
+        if self._inline or (self._inline is None and _in_memory(self._alias)):
+            raise self._seen_by_its_thread_only(what, twin)
+        return _in_a_thread(work)
+
+    def _seen_by_its_thread_only(self, what: str, twin: str | None) -> RuntimeError:
+        instead = f"{twin}, or " if twin else ""
+        return RuntimeError(
+            f"current_job().{what} on the event loop of an async def handler whose job tick() "
+            "claimed inside a transaction (or on an in-memory SQLite database): no connection but "
+            f"the handler thread's sees the job's row; use {instead}a test outside a transaction "
+            "(django_db(transaction=True), TransactionTestCase)"
+        )
+
+    def _preload(self) -> None:
+        """Read the metadata and the batch's id and event now, in the handler's thread."""
+        self._batch()
+        _ = self.metadata
+
+    def _read_batch(self) -> tuple[str | None, str | None] | None:
+        from ..models import Job
+
+        return (
+            Job.objects.using(self._alias).filter(id=self.id).values_list("batch_id", "batch_event").first()
+        )
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -131,7 +158,7 @@ class JobContext:
         the handler may change: ``save_metadata()`` writes it, and so does the end of the attempt
         if it changed (tests/test_reports.py)."""
         if self._metadata is None:
-            text = _off_the_loop(self._read_metadata)
+            text = self._off_the_loop("metadata", self._read_metadata)
             if text is not None and not isinstance(text, str):  # a driver that decodes JSON
                 text = json.dumps(text, ensure_ascii=False, separators=(",", ":"))
             loaded = json.loads(text) if text else None
@@ -164,18 +191,25 @@ class JobContext:
         if self._inline is None:
             self._inline = _in_memory(self._alias)
         if self._inline:
-            from .reports import PROGRESS_SQL, direct, progress_text
-
-            direct(
-                self._alias,
-                PROGRESS_SQL,
-                [progress_text(self._progress), _now(self._alias), self.id, self._token],
-            )
+            if _on_the_loop():
+                # Only the handler's thread can write through its connection: the report is
+                # written by the next asave_metadata() or by a failed attempt's end (tests/
+                # test_batches.py::test_an_async_handler_ticked_inside_a_transaction_names_the_twins).
+                return
+            self._write_inline()
         elif not self._queued:
             self._queued = True
             from .reports import writer
 
             writer(self._alias).queue(self)
+
+    def _write_inline(self) -> None:
+        from .reports import PROGRESS_SQL, direct, progress_text
+
+        report = self._progress
+        assert report is not None
+        direct(self._alias, PROGRESS_SQL, [progress_text(report), _now(self._alias), self.id, self._token])
+        self._written = report
 
     def save_metadata(self) -> bool:
         """Write ``metadata`` now, with the latest progress, outside the handler's transaction,
@@ -189,6 +223,8 @@ class JobContext:
             self._inline = _in_memory(self._alias)
         in_transaction = not self._inline and _holds_sqlite_write_lock(self._alias)
         if self._inline or in_transaction:
+            if _on_the_loop():
+                raise self._seen_by_its_thread_only("save_metadata()", "await asave_metadata()")
             from .reports import SAVE_SQL, direct, progress_text
 
             report = self._progress
@@ -200,6 +236,8 @@ class JobContext:
                 self._token,
             ]
             applied = direct(self._alias, SAVE_SQL, params)
+            if applied:
+                self._written = report
         else:
             from .reports import writer
 
@@ -210,7 +248,8 @@ class JobContext:
 
     async def asave_metadata(self) -> bool:
         """``save_metadata()`` for an ``async def`` handler: the wait runs in the handler's thread
-        (``sync_to_async``), not on its event loop."""
+        (``sync_to_async``), not on its event loop (``save_metadata()`` called there waits on the
+        loop)."""
         from asgiref.sync import sync_to_async
 
         return bool(await sync_to_async(self.save_metadata)())
@@ -233,7 +272,9 @@ class JobContext:
             changed = text != self._saved and not (text == "{}" and self._saved is None)
         if changed:
             self.save_metadata()  # and the latest progress
-        elif failed and self._progress is not self._written and not self._inline:
+        elif failed and self._progress is not self._written and self._inline:
+            self._write_inline()  # a report an async def handler made on its event loop
+        elif failed and self._progress is not self._written:
             # Not known to be written: it was queued, or the writer took it and may be writing it
             # now (the save waits for that round). The failure is recorded after this write, so
             # the fence still holds (tests/test_reports.py
@@ -252,17 +293,28 @@ class JobContext:
         text = output_text(value)
         from .outputs import keep
 
-        return keep(self._alias, self._claim, text)
+        return self._off_the_loop("record()", lambda: keep(self._alias, self._claim, text), "await arecord()")
+
+    async def arecord(self, value: Any) -> bool:
+        """``record()`` for an ``async def`` handler: written in the handler's thread
+        (``sync_to_async``), through the connection its ``sync_to_async`` database calls use
+        (``record()`` called on the event loop writes through a connection of its own)."""
+        from asgiref.sync import sync_to_async
+
+        return bool(await sync_to_async(self.record)(value))
 
 
-def _off_the_loop(read: Callable[[], T]) -> T:
-    """``read()``, a query: in this thread, or, where an ``async def`` handler's event loop runs
-    here (Django refuses queries there), in a thread of its own whose connection is closed after
-    (tests/test_reports.py::test_an_async_handler_reports_and_saves)."""
+def _on_the_loop() -> bool:
+    """Whether an event loop (an ``async def`` handler's) runs in this thread."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return read()
+        return False
+    return True
+
+
+def _in_a_thread(read: Callable[[], T]) -> T:
+    """``read()`` in a thread of its own whose connection is closed after, waited for."""
     done: list[Any] = []
 
     def run() -> None:

@@ -24,7 +24,7 @@ from ..signals import job_dead
 from . import middleware
 from .batch_outcomes import settle
 from .cancellation import send_cancelled
-from .context import current_job, running
+from .context import current_job, inline, running
 from .registry import registry
 from .store import Claimed, Store
 
@@ -248,6 +248,13 @@ def run_async(
     through an AsyncRun, which also marks the Watch once the coroutine has returned (with
     ``returned`` for a row runner)."""
     handlers = None if job is None else watching(job)
+    if job is not None and inline.get():
+        # tick() claimed the job inside the caller's transaction: only this thread's connection
+        # sees its row, and the event loop cannot use it. What the handler may read is read now
+        # (tests/test_batches.py::test_an_async_handler_ticked_inside_a_transaction_names_the_twins).
+        context = current_job()
+        if context is not None:
+            context._preload()
     run = AsyncRun()
     if handlers is not None:
         # A JobCancelled the executor raised in this thread before this lands at the lock's

@@ -382,6 +382,37 @@ def batch_output(payload: str) -> None:
         raise ValueError("first attempt fails")
 
 
+@job("test.batch_async")
+async def batch_async(payload: str) -> None:
+    """An async def handler that uses every JobContext member on its event loop (and the async
+    twins), then traces what each gave, or the error it raised: "batch", "event", "state" and
+    "total" (ctx.batch), "metadata", "kept" (record()), "akept" (arecord()), "saved"
+    (asave_metadata()). Fails when its payload ends with "fail"."""
+    from asgiref.sync import sync_to_async
+
+    ctx = current_job()
+    seen: dict = {"payload": payload}
+
+    def use(name, get):
+        try:
+            seen[name] = get()
+        except Exception as exc:  # traced: the test says which may raise
+            seen[name] = f"{type(exc).__name__}: {exc}"
+
+    ctx.progress(1, 2, "half")
+    use("batch", lambda: ctx.batch_id)
+    use("event", lambda: ctx.batch_event)
+    use("state", lambda: ctx.batch.state)
+    use("metadata", lambda: dict(ctx.metadata))
+    use("kept", lambda: ctx.record("sync"))
+    seen["akept"] = await ctx.arecord({"from": payload})
+    ctx.metadata["async"] = True
+    seen["saved"] = await ctx.asave_metadata()
+    await sync_to_async(_trace)("batch-async", json.dumps(seen))
+    if payload.endswith("fail"):
+        raise ValueError("asked to fail")
+
+
 @job("test.enqueue_after_me")
 def enqueue_after_me(payload: str) -> None:
     """Enqueues a test.record job that waits for this one, while this one runs."""
