@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.db import transaction
 
 import django_rws_jobs as rws
 from django_rws_jobs.models import Job, Status
@@ -71,6 +72,37 @@ def test_an_enqueue_middleware_that_raises_is_the_callers_exception_and_stores_n
     with pytest.raises(PermissionError, match="refused by the middleware"):
         rws.enqueue("test.record", "x", metadata={"refuse": True})
     assert not Job.objects.exists()
+
+
+def _enqueue_one_way(call: str) -> None:
+    if call == "enqueue":
+        rws.enqueue("test.record", "x")
+    elif call == "enqueue_many":
+        rws.enqueue_many(["test.record", ("test.record", "y")])
+    elif call == "chain":
+        rws.chain(rws.call("test.record", "a"), rws.call("test.record", "b"))
+    else:
+        from tests.testapp.tasks import tagged
+
+        tagged.enqueue()
+
+
+@pytest.mark.parametrize("call", ["enqueue", "enqueue_many", "chain", "task"])
+def test_an_enqueue_middleware_that_raises_after_call_next_stores_nothing(use, call):
+    """call_next() stored the jobs; the raise after it takes them back: outside a transaction
+    (autocommit) and inside one that goes on and commits."""
+    use("Tenant", "RefuseAfter")
+    with pytest.raises(PermissionError, match=r"refused after call_next\(\)"):
+        _enqueue_one_way(call)
+    assert [e[0] for e in middleware.EVENTS] == ["tenant enqueue", "refuse after"]
+    assert middleware.EVENTS[-1][1]  # the ids call_next() stored
+    assert not Job.objects.exists()
+    with transaction.atomic():
+        Run.objects.create(kind="mine", payload="", pid=0)
+        with pytest.raises(PermissionError):
+            _enqueue_one_way(call)
+    assert not Job.objects.exists()
+    assert Run.objects.filter(kind="mine").count() == 1  # the caller's own work committed
 
 
 def test_an_execute_middleware_that_raises_is_the_attempts_failure(use):

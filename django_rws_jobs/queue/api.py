@@ -189,7 +189,7 @@ def enqueue(
         job.ids = [store(job.metadata or None)]
         return job.ids[0]
 
-    return middleware.around(enqueuers, job, call_next)
+    return middleware.enqueue_around(enqueuers, job, call_next)
 
 
 def _dependencies(after: Any, policy: Any) -> tuple[list[tuple[str, bool]], str] | None:

@@ -11,8 +11,10 @@ Each class is made once, without arguments, and may define either method or both
 
 The first class listed is the outermost: its code before ``call_next()`` runs first, its code
 after runs last, as Django's request middleware. An exception from an ``enqueue`` reaches the
-caller (nothing of the call is stored, inside its transaction); one from an ``execute`` is the
-attempt's failure, retried as the handler's own would be
+caller, and nothing of the call is stored, even when it is raised after ``call_next()``: the
+enqueue middleware and the call run in a transaction of their own (a savepoint inside the
+caller's) (tests/test_middleware.py::test_an_enqueue_middleware_that_raises_after_call_next_stores_nothing).
+One from an ``execute`` is the attempt's failure, retried as the handler's own would be
 (tests/test_middleware.py::test_the_first_middleware_is_the_outermost).
 
 With no middleware configured, a job pays one truth test of an empty tuple.
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.core.signals import setting_changed
+from django.db import transaction
 from django.utils.module_loading import import_string
 
 T = TypeVar("T")
@@ -106,6 +109,13 @@ def around(methods: tuple[Any, ...], job: Any, call: Callable[[], T]) -> T:
     return methods[0](job, call)
 
 
+def enqueue_around(methods: tuple[Any, ...], job: Enqueue, call: Callable[[], T]) -> T:
+    """``call()`` (which stores jobs) inside the enqueue ``methods``, all in one transaction on
+    ``job.using``, so that whatever raises, before or after ``call_next()``, stores nothing."""
+    with transaction.atomic(using=job.using):
+        return around(methods, job, call)
+
+
 def many(alias: str, store: Callable[[dict[str, Any]], list[str]]) -> list[str]:
     """``store(metadata)`` (a call that stores many jobs, each with ``metadata`` under its own)
     inside the enqueue middleware; returns the ids."""
@@ -118,7 +128,7 @@ def many(alias: str, store: Callable[[dict[str, Any]], list[str]]) -> list[str]:
         job.ids = store(job.metadata)
         return job.ids
 
-    return around(enqueuers, job, call_next)
+    return enqueue_around(enqueuers, job, call_next)
 
 
 def _wrap(method: Any, job: Any, inner: Callable[[], T]) -> Callable[[], T]:

@@ -192,7 +192,7 @@ class RwsJobsBackend(BaseTaskBackend):
                 job.ids = [insert_prepared(self.database, params)]
                 return job.ids[0]
 
-            job_id = middleware.around(enqueuers, job, call_next)
+            job_id = middleware.enqueue_around(enqueuers, job, call_next)
         else:
             job_id = insert_prepared(self.database, params)
         if job_id != params[0]:  # a unique task already waits or runs: its result

@@ -59,6 +59,15 @@ class Refuse:
         return call_next()
 
 
+class RefuseAfter:
+    """Lets the call store its jobs, then raises."""
+
+    def enqueue(self, job, call_next):
+        call_next()
+        EVENTS.append(("refuse after", list(job.ids)))
+        raise PermissionError("refused after call_next()")
+
+
 class OnlyExecute:
     def execute(self, job, call_next):
         EVENTS.append(("only execute", job.id))
