@@ -201,3 +201,64 @@ def test_a_call_watched_from_before_its_connect_can_be_cut():
                 "current_database() AND pid <> pg_backend_pid() AND query LIKE %s",
                 ["%pg_sleep(20)%"],
             )
+
+
+#: The worker's settings for the cut tests: a short lease, so that "a few leases" is short.
+CUT_LEASE = 6
+CUT_JOBS = {
+    "LEASE_SECONDS": CUT_LEASE,
+    "STATEMENT_DEADLINE": 2,
+    "POLL_INTERVAL": 0.2,
+    "RECOVERY_INTERVAL": 1,
+    "QUEUES": {"limited": {"concurrency": 5}},
+}
+#: The transactions of a worker that take more than one round trip, each cut after its first:
+#: the request that begins it, the reply to wait for (b"": any), the queue of the job.
+CUTS = {
+    # MariaDB: the band's rows locked FOR UPDATE SKIP LOCKED, then marked (MySQLBackend.claim_band).
+    "claim": (b"SKIP LOCKED", b"cut-me", "default"),
+    # A limited queue's claim, under the lock of its rws_queues row (flow/limited_claims.py).
+    "limited claim": (b"SELECT rate_slots, rate_next FROM rws_queues", b"", "limited"),
+}
+
+
+@pytest.mark.parametrize("cut", list(CUTS))
+def test_a_worker_cut_off_inside_a_transaction_holds_nothing_past_a_lease(tmp_path, proxy, started, cut):
+    """The server ends the transaction of a worker cut off between two of its round trips within
+    about a lease (idle_transaction_timeout, idle_in_transaction_session_timeout: the backends'
+    configure_session and ScopedCursor), so another worker runs the job; the cut-off worker goes on
+    once the network is back, and the job ran once."""
+    request, reply, queue = CUTS[cut]
+    if cut == "claim" and connection.vendor == "postgresql":
+        pytest.skip("PostgreSQL's claim is one statement in one round trip")
+    cut_off = ProxiedWorker(tmp_path, proxy, "--queues", f"{queue},mine", jobs=CUT_JOBS)
+    started.append(cut_off)
+    cut_off.started()
+    # A first job, so that the worker's connections are open and its queue's rows exist (the
+    # limited claim locks its queue's row: one it has yet to insert would lock nothing).
+    rws.enqueue("test.record", "first", queue=queue)
+    wait_for(
+        lambda: run_counts() == {"first": 1} and not Job.objects.exists(),
+        30,
+        what=f"the first job:\n{cut_off.output()}",
+    )
+    was_cut = proxy.cut_after(request, reply)
+    job = rws.enqueue("test.record", "cut-me", queue=queue)
+    assert was_cut.wait(30), f"no {cut} was cut:\n{cut_off.output()}"
+    other = WorkerProcess(tmp_path, "--queues", queue, jobs=CUT_JOBS)
+    started.append(other)
+    # The server ends the cut-off transaction after about a lease; the other worker then claims.
+    wait_for(
+        lambda: run_counts()["cut-me"] == 1 and not Job.objects.filter(id=job).exists(),
+        CUT_LEASE * 5 + 20,
+        what=f"the other worker to run the job:\n{other.output()}\n{cut_off.output()}",
+    )
+    proxy.heal()
+    rws.enqueue("test.record", "mine", queue="mine")  # only the cut-off worker serves it
+    wait_for(
+        lambda: run_counts()["mine"] == 1 and not Job.objects.exists(),
+        CUT_LEASE * 3 + 30,
+        what=f"the cut-off worker to go on:\n{cut_off.output()}",
+    )
+    assert run_counts() == {"first": 1, "cut-me": 1, "mine": 1}
+    assert cut_off.proc.poll() is None and other.proc.poll() is None

@@ -8,6 +8,7 @@ connections need; the claim algorithm below runs on every database, with hooks.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 from django.db import DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ...conf import jobs_settings
 from .claimed import CLAIM_COLUMNS, Claimed
 from .cursors import DriverCursor
 from .inserts import insert_multirow
@@ -38,6 +40,16 @@ class Store(Protocol):
     def atomic(self) -> AbstractContextManager[None]: ...
 
     def execute(self, c: Any, sql: str, params: list[Any]) -> None: ...
+
+
+def idle_transaction_seconds() -> int:
+    """How long the server lets a transaction of the worker's own sessions sit idle (no statement
+    under way) before it ends the session, rolling the transaction back: a lease (LEASE_SECONDS),
+    at least a second. The worker's transactions send their statements back to back, so only a
+    client that is gone (a partition, a frozen host) reaches it; its locks are then freed within
+    about a lease instead of the server's wait_timeout, hours (docs/explanation/guarantees.md;
+    tests/test_dead_connections.py::test_a_worker_cut_off_inside_a_transaction_holds_nothing_past_a_lease)."""
+    return max(1, math.ceil(float(jobs_settings.LEASE_SECONDS)))
 
 
 def is_registered(conn: BaseDatabaseWrapper) -> bool:
@@ -98,7 +110,9 @@ class BaseBackend(Statements):
     # -- session set-up ---------------------------------------------------------------------------
 
     def configure_session(self) -> None:
-        """Set up a new connection (called on Django's connection_created)."""
+        """Set up a new connection (called on Django's connection_created). The worker's own
+        connections (``rws_private``) bound their idle transactions here where the database
+        keeps the bound per session (idle_transaction_seconds)."""
 
     def private_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """The OPTIONS of a worker's own connection (db.private_connection), from the project's."""

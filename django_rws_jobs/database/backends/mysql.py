@@ -11,7 +11,7 @@ from typing import Any
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
-from .base import BaseBackend, BaseFeatures, Store, is_registered
+from .base import BaseBackend, BaseFeatures, Store, idle_transaction_seconds, is_registered
 from .claimed import CLAIM_COLUMNS, Claimed, claim_order_key
 from .cursors import DriverCursor
 from .mysql_inserts import check_insert_size, insert_quoted, insert_sized, max_statement_bytes, pipelines
@@ -187,6 +187,18 @@ class MySQLBackend(BaseBackend):
     def is_time_limit_error(self, exc: BaseException) -> bool:
         args: tuple[Any, ...] = getattr(exc.__cause__, "args", ())
         return bool(args) and args[0] in TIME_LIMIT_ERRNOS
+
+    def configure_session(self) -> None:
+        # A worker's transaction left idle by a client that is gone (no RST ever comes through a
+        # partition) would keep its row locks until wait_timeout, hours: every claim skips those
+        # rows. MariaDB ends the session after idle_transaction_timeout instead. A session
+        # variable, set once per connection: a MariaDB pooler (MaxScale, ProxySQL) keeps a
+        # connection's session variables with it. MySQL has no such variable
+        # (docs/howto/databases.md says what to do there).
+        conn = self.conn
+        if getattr(conn, "rws_private", False) and conn.mysql_is_mariadb:
+            with conn.cursor() as c:
+                c.execute("SET SESSION idle_transaction_timeout = %s", [idle_transaction_seconds()])
 
     def private_options(self, options: dict[str, Any]) -> dict[str, Any]:
         # Under REPEATABLE READ, InnoDB keeps locks on rows a claim read but did not take (other

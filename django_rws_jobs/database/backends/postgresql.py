@@ -13,7 +13,7 @@ from typing import Any
 from django.db import transaction
 
 from ...conf import jobs_settings
-from .base import BaseBackend, BaseFeatures
+from .base import BaseBackend, BaseFeatures, idle_transaction_seconds
 from .cursors import PLACEHOLDER, DriverCursor
 from .inserts import COPY_SQL
 from .statements import Sql, queue_filter
@@ -52,6 +52,15 @@ def prologue() -> str:
     return "SELECT " + ", ".join(f"set_config('{k}', '{v}', true)" for k, v in settings.items())
 
 
+def transaction_bound() -> str:
+    """The statement a ScopedCursor sends with each BEGIN: the server ends the session of a
+    transaction left idle longer than idle_transaction_seconds() (a client gone between two round
+    trips), freeing its locks. SET LOCAL, for that transaction only, as the prologue: a transaction
+    pooler's server connection keeps no session setting of the worker's
+    (tests/test_dead_connections.py::test_a_worker_cut_off_inside_a_transaction_holds_nothing_past_a_lease)."""
+    return f"SET LOCAL idle_in_transaction_session_timeout = '{idle_transaction_seconds()}s'"
+
+
 def behind_transaction_pooler(settings_dict: dict[str, Any]) -> bool:
     """Whether the connections of ``settings_dict`` go through a pooler in transaction mode:
     RWS_JOBS["POOLER"], else Django's DISABLE_SERVER_SIDE_CURSORS (which Django's docs ask of
@@ -87,16 +96,17 @@ class ScopedCursor(DriverCursor):
     Each statement outside a transaction is sent after the prologue in one simple query, which
     PostgreSQL runs as one implicit transaction: the settings hold for the statement and end with
     it, so a server connection that a transaction pooler lends to another client next carries none
-    of them (tests/test_pooler.py). A BEGIN is sent with the prologue. A statement the Store
-    prepares (and the prologue) is PREPAREd once by SQL and sent as EXECUTE, so its plan is made
-    (and made again after the table's statistics change) with the settings in force; behind a
-    transaction pooler, where a prepared statement would stay on one server connection, it is
-    sent whole instead.
+    of them (tests/test_pooler.py). A BEGIN is sent with the prologue and transaction_bound(). A
+    statement the Store prepares (and the prologue) is PREPAREd once by SQL and sent as EXECUTE, so
+    its plan is made (and made again after the table's statistics change) with the settings in
+    force; behind a transaction pooler, where a prepared statement would stay on one server
+    connection, it is sent whole instead.
     Parameters are written in as literals (bind(), else psycopg's ClientCursor), as a simple
     query needs.
     """
 
     __slots__ = (
+        "_begin",
         "_deferred",
         "_deferred_rows",
         "_in_transaction",
@@ -118,6 +128,7 @@ class ScopedCursor(DriverCursor):
         if prepares:  # parsed and planned once per connection too
             cursor.execute(f"PREPARE rws_prologue AS {prologue}")
             self._prologue = "EXECUTE rws_prologue"
+        self._begin = f"BEGIN; {self._prologue}; {transaction_bound()}"
         self._names: OrderedDict[str, str] = OrderedDict()
         self._texts: dict[tuple[str, bool, bool], tuple[str, tuple[str, ...]]] = {}
         self._in_transaction = False
@@ -136,7 +147,7 @@ class ScopedCursor(DriverCursor):
             return self._send(self._text(sql, prepare, False), params)
         if sql == "BEGIN":
             self._in_transaction = True
-            return c.execute(f"BEGIN; {self._prologue}")
+            return c.execute(self._begin)
         self._send(self._text(sql, prepare, True), params)
         if self._psycopg3:
             c.nextset()
