@@ -262,6 +262,31 @@ def test_the_rows_of_jobs_that_are_gone_are_pruned(monkeypatch):
     assert set(Dependency.objects.values_list("job_id", flat=True)) == {after_dead, dead_too}
 
 
+def test_deleting_a_dependency_that_did_not_succeed_is_its_failure():
+    """An operator's delete of a dead (or pending) dependency: it will never succeed nor be
+    retried, so what waits for it fails; a "wait" for its retry is cancelled, not blocked for
+    ever, and a retry of the waiting job does not bring the wait back. A delete that does not
+    say so (the admin's, an ORM delete) is found by the sweep."""
+    dead = rws.enqueue("test.fail", "x", max_retries=0)
+    drain()
+    waits = rws.enqueue("test.record", "w", after=[dead], on_dependency_failure="wait")
+    further = rws.enqueue("test.record", "f", after=[waits])
+    later = rws.enqueue("test.record", "p", run_in=3600)
+    after_later = rws.enqueue("test.record", "a", after=[later])
+    assert (status(waits), status(further), status(after_later)) == ("blocked", "blocked", "blocked")
+    assert rws.delete(dead) and rws.delete(later)
+    assert (status(waits), status(further), status(after_later)) == ("cancelled", "cancelled", "cancelled")
+    assert rws.retry(waits)
+    assert status(waits) == "cancelled"
+    dead_too = rws.enqueue("test.fail", "y", max_retries=0)
+    drain()
+    waits_too = rws.enqueue("test.record", "w2", after=[dead_too], on_dependency_failure="wait")
+    Job.objects.filter(id=dead_too).delete()
+    assert status(waits_too) == "blocked"
+    dependencies.sweep(Store(connections["default"]), 0)
+    assert status(waits_too) == "cancelled"
+
+
 def test_an_end_nobody_recorded_is_found_by_the_recheck_and_the_sweep():
     a1 = rws.enqueue("test.record", "a1")
     a2 = rws.enqueue("test.record", "a2")

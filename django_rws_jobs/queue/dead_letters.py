@@ -81,10 +81,15 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
 
 
 def delete(job_id: str, *, using: str | None = None) -> bool:
-    """Delete a job that is not running. False when there is no such job."""
+    """Delete a job that is not running. False when there is no such job. What waits for it
+    has a failure (dependencies.deleted)."""
     job_id = _job_id(job_id)
     alias = queue_alias(using)
-    return delete_where(_by_id(alias, job_id).exclude(status=Status.RUNNING)) > 0
+    with transaction.atomic(using=alias):
+        done = delete_where(_by_id(alias, job_id).exclude(status=Status.RUNNING)) > 0
+        if done:
+            dependencies.deleted(Store(connections[alias]), [job_id])
+    return done
 
 
 def _free_failed_holders(alias: str, digests: list[str]) -> None:

@@ -5,9 +5,10 @@ A job enqueued with ``after`` is stored ``blocked`` (no claim reads it) with a r
 (succeeded, failed) and the job is resolved: pending once everything it waits for has succeeded;
 on a failure, by the row's policy: ``cancel`` cancels it (and, in turn, what waits on it),
 ``run`` counts the failure as done, ``wait`` keeps it blocked until the dependency is retried
-and succeeds. A job whose row is gone has succeeded; an id that names no job and no batch is
-taken for such a job only if this queue made it before the enqueue, and refused otherwise
-(``_current_outcomes``).
+and succeeds. A job whose row is gone has succeeded, unless an operator deleted it
+(``deleted``: a failure that no retry can end, so a ``wait`` is cancelled). An id that names no
+job and no batch is taken for a job that succeeded only if this queue made it before the
+enqueue, and refused otherwise (``_current_outcomes``).
 
 Invariants (tests/test_dependencies.py):
 
@@ -410,7 +411,60 @@ def sweep(
             if cancelled is not None:
                 cancelled += cancelled_now
             changed += ended(store, cancelled_now, "failed", cancelled)
+    if only is None:
+        changed += abandoned(store, limit, cancelled)
     return changed
+
+
+def deleted(store: Any, job_ids: Sequence[str], cancelled: list[str] | None = None) -> int:
+    """Jobs among ``job_ids`` were deleted by an operator (``rws.delete``, the admin) before they
+    succeeded: they will neither succeed nor be retried. What waits for them has a failure, and
+    one that would ``wait`` for a retry is cancelled instead: its policy becomes ``cancel``
+    (tests/test_dependencies.py::test_deleting_a_dependency_that_did_not_succeed_is_its_failure).
+    The ids cancelled are added to ``cancelled``; returns how many jobs were released or
+    cancelled."""
+    if not job_ids:
+        return 0
+    waiting: list[str] = []
+    with store.writes, store.atomic(), store.cursor() as c:
+        for part in batches(iter(job_ids), CHUNK):
+            marks = placeholders(len(part))
+            c.execute(
+                "UPDATE rws_job_dependencies SET outcome = 'failed', "
+                "policy = CASE WHEN policy = 'wait' THEN 'cancel' ELSE policy END "
+                f"WHERE depends_on IN ({marks}) AND on_batch = FALSE "
+                "AND (outcome IS NULL OR outcome <> 'failed' OR policy = 'wait')",
+                list(part),
+            )
+            if c.rowcount:
+                c.execute(
+                    f"SELECT DISTINCT job_id FROM rws_job_dependencies WHERE depends_on IN ({marks})",
+                    list(part),
+                )
+                waiting += [row[0] for row in c.fetchall()]
+    if not waiting:
+        return 0
+    released, cancelled_now = resolve(store, waiting)
+    if cancelled is not None:
+        cancelled += cancelled_now
+    if cancelled_now:
+        released += ended(store, cancelled_now, "failed", cancelled)
+    return released + len(cancelled_now)
+
+
+def abandoned(store: Any, limit: int = 500, cancelled: list[str] | None = None) -> int:
+    """``deleted`` for the dead jobs that are gone while something still waits for their retry
+    (deleted by a path that does not call ``deleted``: the admin's, an ORM delete). Part of the
+    keeper's sweep; returns how many jobs were released or cancelled."""
+    with store.cursor() as c:
+        c.execute(
+            "SELECT DISTINCT d.depends_on FROM rws_job_dependencies d WHERE d.outcome = 'failed' "
+            "AND d.policy = 'wait' AND d.on_batch = FALSE "
+            "AND NOT EXISTS (SELECT 1 FROM rws_jobs p WHERE p.id = d.depends_on) "
+            f"LIMIT {int(limit)}"
+        )
+        gone = [row[0] for row in c.fetchall()]
+    return deleted(store, gone, cancelled)
 
 
 #: Waiting jobs whose rows ``prune`` looks at in one pass.
@@ -484,11 +538,13 @@ def rewait(store: Any, job_ids: Sequence[str], on_cancelled: OnCancelled | None 
             return []
         c.execute(f"SELECT id FROM rws_jobs WHERE id IN ({marks}) AND status = 'blocked'", list(job_ids))
         blocked = [row[0] for row in c.fetchall()]
-        # A batch pruned since it failed can tell nothing any more: its failure stands.
+        # A dependency gone since it failed (a job deleted, a batch pruned) can tell nothing any
+        # more: its failure stands.
         c.execute(
             "UPDATE rws_job_dependencies SET outcome = NULL WHERE outcome = 'failed' "
-            f"AND job_id IN ({placeholders(len(blocked))}) AND (on_batch = FALSE OR EXISTS "
-            "(SELECT 1 FROM rws_batches b WHERE b.id = rws_job_dependencies.depends_on))",
+            f"AND job_id IN ({placeholders(len(blocked))}) AND (EXISTS (SELECT 1 FROM rws_jobs p "
+            "WHERE p.id = rws_job_dependencies.depends_on) OR EXISTS (SELECT 1 FROM rws_batches b "
+            "WHERE b.id = rws_job_dependencies.depends_on))",
             blocked,
         )
     alias = store.conn.alias
