@@ -147,3 +147,25 @@ def test_a_worker_process_links_each_attempt_to_its_enqueue(spans, workers, pool
         assert span["status"] == ("ERROR" if job_id == failing else "UNSET")
     if pool == "processes":
         assert all(s["pid"] != w.proc.pid for s in processed.values())  # traced in the children
+
+
+COPIED = {CARRIER: {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, "tenant": 3}
+
+
+@pytest.mark.parametrize("call", ["enqueue", "enqueue_many", "chain"])
+def test_the_callers_trace_context_wins_over_a_copied_one(spans, call):
+    """A job whose metadata carries another enqueue's context (copied from a running job's
+    metadata) gets the context of the call that enqueues it, whichever call that is; its other
+    keys stay."""
+    if call == "enqueue":
+        ids = [rws.enqueue("test.record", "x", metadata=dict(COPIED))]
+    elif call == "enqueue_many":
+        ids = rws.enqueue_many([{"job_type": "test.record", "metadata": dict(COPIED)}, "test.record"])
+    else:
+        ids = rws.chain(rws.call("test.record", "a", metadata=dict(COPIED)), rws.call("test.record", "b"))
+    (send,) = spans.get_finished_spans()
+    ours = [f"{send.context.trace_id:032x}", f"{send.context.span_id:016x}"]
+    for job_id in ids:
+        metadata = Job.objects.get(id=job_id).metadata
+        assert metadata[CARRIER]["traceparent"].split("-")[1:3] == ours, call
+    assert Job.objects.get(id=ids[0]).metadata["tenant"] == 3

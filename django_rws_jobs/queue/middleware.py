@@ -135,11 +135,20 @@ def _wrap(method: Any, job: Any, inner: Callable[[], T]) -> Callable[[], T]:
     return lambda: method(job, inner)
 
 
+#: How the queue's own metadata keys begin (a trace context: tracing.CARRIER).
+OWN_KEYS = "_rws."
+
+
 def merged(row_metadata: str | None, extra: dict[str, Any]) -> str | None:
-    """A row's metadata text with ``extra``'s keys under its own."""
+    """A row's metadata text with ``extra``'s keys under its own, but for the queue's own keys
+    (``OWN_KEYS``), where the call's win: a trace context copied into an item's metadata gives way
+    to the enqueueing call's, as a single ``enqueue``'s does (the middleware writes into its
+    job's own metadata)
+    (tests/test_tracing.py::test_the_callers_trace_context_wins_over_a_copied_one)."""
     from .metadata import metadata_text
 
     if not extra:
         return row_metadata
     own = json.loads(row_metadata) if row_metadata else {}
-    return metadata_text({**extra, **own})
+    ours = {key: value for key, value in extra.items() if key.startswith(OWN_KEYS)}
+    return metadata_text({**extra, **own, **ours})
