@@ -7,10 +7,11 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, connections
 
 import django_rws_jobs as rws
 from django_rws_jobs.models import Job
@@ -141,6 +142,45 @@ def test_blocked_jobs_and_open_batches_thresholds():
         )
         assert health("--max-open-batch-age", "3600")[0] == 0
     assert health("--max-open-batch-age", "60")[0] == 0  # sealed (and finished) now
+
+
+@contextmanager
+def locked_by_another_transaction(job_id):
+    """``job_id``'s row locked FOR UPDATE by a transaction of another connection while the block
+    runs (as a worker's claim left open by a client that is gone)."""
+    other = connections.create_connection(connection.alias)
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as c:
+            c.execute("SELECT id FROM rws_jobs WHERE id = %s FOR UPDATE", [job_id])
+        yield
+    finally:
+        other.rollback()
+        other.close()
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite locks the whole file, never a row")
+def test_a_due_job_a_transaction_keeps_locked_is_unhealthy():
+    """Every claim skips a row another transaction holds (SKIP LOCKED): a pending job due for over
+    a lease that stays locked is reported, with its queue; one due for less is not yet."""
+    now = int(time.time())
+    stuck = rws.enqueue("test.record", "stuck", queue="q1")
+    rws.enqueue("test.record", "free")
+    Job.objects.update(next_run_at=now - 2 * 60)  # due for two leases
+    recent = rws.enqueue("test.record", "recent", queue="q1")
+    fine = "healthy: database 'default' answers; migrations applied; "
+    assert health("--max-locked-due", "0") == (
+        0,
+        fine + "0 due job(s) locked by a transaction for over a lease",
+    )
+    with locked_by_another_transaction(stuck), locked_by_another_transaction(recent):
+        assert health("--max-locked-due", "0") == (
+            1,
+            "unhealthy: 1 due job(s) locked by a transaction for over a lease, over --max-locked-due 0 "
+            "(queues 'q1': 1; a transaction holds them: see docs/howto/databases.md)",
+        )
+        assert health("--max-locked-due", "1")[0] == 0
+    assert health("--max-locked-due", "0")[0] == 0
 
 
 def test_bad_thresholds_are_refused_naming_them():

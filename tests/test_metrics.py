@@ -234,6 +234,23 @@ def test_a_waiting_job_whose_key_stays_full_is_due_in_the_gauges(admin_client):
     assert found[("rws_queue_oldest_due_age_seconds", (("queue", "default"),))] >= 100
 
 
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite locks the whole file, never a row")
+def test_a_due_job_a_transaction_keeps_locked_is_a_gauge(admin_client):
+    """rws_queue_locked_due_jobs counts, per queue, the pending jobs due for over a lease that a
+    transaction keeps locked (operations/metrics.locked_due), as rws_health --max-locked-due."""
+    from tests.test_health import locked_by_another_transaction
+
+    stuck = rws.enqueue("test.record", "stuck", queue="q1")
+    rws.enqueue("test.record", "free", queue="q2")
+    Job.objects.update(next_run_at=int(time.time()) - 2 * 60)
+    gauge = "rws_queue_locked_due_jobs"
+    found = scrape(admin_client)
+    assert found[(gauge, (("queue", "q1"),))] == 0 and found[(gauge, (("queue", "q2"),))] == 0
+    with locked_by_another_transaction(stuck):
+        found = scrape(admin_client)
+    assert found[(gauge, (("queue", "q1"),))] == 1 and found[(gauge, (("queue", "q2"),))] == 0
+
+
 def test_the_endpoint_runs_the_same_statements_for_one_queue_or_twenty(admin_client):
     def statements() -> int:
         with CaptureQueriesContext(connection) as queries:

@@ -16,11 +16,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from itertools import chain, groupby
 from operator import attrgetter, itemgetter
 from typing import Any
+
+from django.db import connections
+
+from ..conf import jobs_settings
+from ..database.backends import backend_for
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -43,6 +49,9 @@ ENDS_FOLD_AT = 64
 #: Minutes a worker prunes in one transaction.
 PRUNE_BATCH = 1000
 JOB_TYPE_MAX = 191
+#: locked_due: how many of the jobs due longest it looks at, and the seconds between its looks.
+LOCKED_LOOKED_AT = 100
+LOCKED_RECHECK = 1.0
 
 
 class Counters:
@@ -246,3 +255,20 @@ def prune(store: Any, before: int) -> int:
         rows = [[*key, *values] for key, values in sorted(totals.items())]
         c.execute(*store.backend.upsert_adding("rws_metric_totals", KEYS[1:], ADDS, MAXES, rows))
         return len(ids)
+
+
+def locked_due(alias: str, now: int, recheck: float = LOCKED_RECHECK) -> dict[str, int]:
+    """queue -> its pending jobs due for over a lease (LEASE_SECONDS) that a transaction keeps
+    locked, so that every claim skips them (of the LOCKED_LOOKED_AT due longest): a worker's
+    transaction left open by a client that is gone, or a project's own long transaction on the
+    queue's rows. A claim holds its rows for milliseconds: a job counts only if it is locked at
+    two looks ``recheck`` seconds apart (the second made only when the first found one). Read by
+    rws_health --max-locked-due and the metrics endpoint (BaseBackend.locked_due)."""
+    backend = backend_for(connections[alias])
+    before = now - int(jobs_settings.LEASE_SECONDS)
+    found = backend.locked_due(before, LOCKED_LOOKED_AT)
+    if found and recheck > 0:
+        time.sleep(recheck)
+        again = set(backend.locked_due(before, LOCKED_LOOKED_AT))
+        found = [row for row in found if row in again]
+    return dict(Counter(queue for _, queue in found))

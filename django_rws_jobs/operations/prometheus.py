@@ -20,7 +20,7 @@ from ..conf import jobs_settings
 from ..database import clock
 from ..database.connections import queue_alias
 from ..models import Worker
-from .metrics import ADDS
+from .metrics import ADDS, locked_due
 
 #: Job states each queue's ``rws_queue_jobs`` gauge has (due: pending, or waiting for a slot of its
 #: concurrency key, and due now: tests/test_metrics.py
@@ -106,6 +106,15 @@ class QueueCollector:
         for queue in queues:
             pause.add_metric([queue], 1 if paused.get(queue) else 0)
         yield pause
+        locked = locked_due(self.alias, now)
+        stuck = GaugeMetricFamily(
+            "rws_queue_locked_due_jobs",
+            "Pending jobs due for over a lease that a transaction keeps locked: every claim skips them",
+            labels=["queue"],
+        )
+        for queue in sorted(set(queues) | set(locked)):
+            stuck.add_metric([queue], locked.get(queue, 0))
+        yield stuck
         alive = sum(
             1
             for w in Worker.objects.using(self.alias).only("heartbeat_at", "heartbeat_interval")

@@ -182,6 +182,34 @@ class BaseBackend(Statements):
                 return None
             raise
 
+    # -- locks that claims skip -------------------------------------------------------------------
+
+    def locked_due(self, before: int, limit: int) -> list[tuple[str, str]]:
+        """The pending jobs due at ``before`` or earlier (of the ``limit`` due longest) that a
+        transaction holds locked now, as (id, queue): every claim's SKIP LOCKED passes them over.
+
+        Read on this (Django's) connection: the rows, then the same rows ``FOR UPDATE SKIP
+        LOCKED`` in a transaction rolled back at once; those missing from the second are locked.
+        The due index's range, stopped by its LIMIT: off the per-job path (rws_health, the
+        metrics endpoint). None where a transaction locks the whole database (SQLite)
+        (tests/test_health.py::test_a_due_job_a_transaction_keeps_locked_is_unhealthy)."""
+        if not self.features.row_lock:
+            return []
+        rows = (
+            f"SELECT id, queue FROM rws_jobs{self.due_index_hint()} WHERE status = 'pending' "
+            f"AND next_run_at <= %s ORDER BY next_run_at LIMIT {int(limit)}"
+        )
+        with self.conn.cursor() as c:
+            c.execute(rows, [before])
+            every = [(row[0], row[1]) for row in c.fetchall()]
+            if not every:
+                return []
+            with transaction.atomic(using=self.conn.alias):
+                c.execute(rows + self.features.row_lock + " SKIP LOCKED", [before])
+                free = {row[0] for row in c.fetchall()}
+                transaction.set_rollback(True, using=self.conn.alias)
+        return [row for row in every if row[0] not in free]
+
     # -- the public API's statements --------------------------------------------------------------
 
     def insert_many(

@@ -63,6 +63,13 @@ class Command(BaseCommand):
             help="at most N jobs are blocked (enqueued with after=)",
         )
         parser.add_argument(
+            "--max-locked-due",
+            type=_non_negative,
+            metavar="N",
+            help="at most N pending jobs due for over a lease are kept locked by a transaction "
+            "(every claim skips them)",
+        )
+        parser.add_argument(
             "--max-open-batch-age",
             type=float,
             metavar="SECONDS",
@@ -85,6 +92,7 @@ class Command(BaseCommand):
             options["max_failed"] is not None,
             options["max_blocked"] is not None,
             options["max_open_batch_age"] is not None,
+            options["max_locked_due"] is not None,
         )
         if options["heartbeat_file"] is None or any(database_checks):
             findings.update(database(options))
@@ -210,9 +218,28 @@ def thresholds(alias: str, options: dict[str, Any]) -> dict[str, Finding]:
         limit = options["max_blocked"]
         n = Job.objects.using(alias).filter(status=Status.BLOCKED).order_by()[: limit + 1].count()
         found["max_blocked"] = counted(n, limit, "blocked", "max-blocked", "")
+    if options["max_locked_due"] is not None:
+        found["max_locked_due"] = locked(alias, now, options["max_locked_due"])
     if options["max_open_batch_age"] is not None:
         found["open_batch_age"] = open_batch_age(alias, now, options["max_open_batch_age"])
     return found
+
+
+def locked(alias: str, now: int, limit: int) -> Finding:
+    """Pending jobs due for over a lease that a transaction keeps locked (metrics.locked_due):
+    claims skip them, so nothing runs them until that transaction ends."""
+    from django_rws_jobs.operations.metrics import locked_due
+
+    by_queue = locked_due(alias, now)
+    n = sum(by_queue.values())
+    queues = ", ".join(f"{q!r}: {k}" for q, k in sorted(by_queue.items()))
+    note = f" (queues {queues}; a transaction holds them: see docs/howto/databases.md)" if n else ""
+    ok = n <= limit
+    return ok, (
+        f"{n} due job(s) locked by a transaction for over a lease"
+        + ("" if ok else f", over --max-locked-due {limit}")
+        + note
+    )
 
 
 def open_batch_age(alias: str, now: int, limit: float) -> Finding:
