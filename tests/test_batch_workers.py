@@ -66,6 +66,41 @@ def test_callbacks_fire_once_per_batch_while_workers_are_killed(workers):  # noq
         assert w.wait(30) == 0, w.output()[-3000:]
 
 
+def test_a_batch_whose_finish_fails_never_stops_a_worker_nor_its_sweeps(workers):  # noqa: F811
+    """A batch whose stored callbacks the database refuses (raw SQL: the API refuses them) fails
+    at the worker's finish and at every sweep: each time a logged error. The worker keeps
+    running, the other batch finishes, the rest of each sweep runs (a dependency's unrecorded
+    death releases its waiter, an old batch is pruned)."""
+    from tests.test_batches import spoil_callbacks
+
+    with rws.batch(on_success=rws.call("test.record", "bad callback")) as bad:
+        bad.enqueue("test.record", "bad member")
+    spoil_callbacks(bad.id)
+    with rws.batch(on_success=rws.call("test.record", "good callback")) as good:
+        good.enqueue("test.record", "good member")
+    with rws.batch() as old:
+        pass
+    BatchRecord.objects.filter(id=old.id).update(finished_at=1)  # long past its retention
+    dead = rws.enqueue("test.record", "dead", run_in=3600)
+    rws.enqueue("test.record", "waiter", after=[dead], on_dependency_failure="run")
+    Job.objects.filter(id=dead).update(status="failed")  # a death nobody recorded: the sweep's
+
+    def ran(payload: str) -> bool:
+        return Run.objects.filter(kind="record", payload=payload).exists()
+
+    w = workers("--workers", "2", jobs=FAST)
+    wait_for(
+        lambda: ran("good callback") and ran("waiter") and not BatchRecord.objects.filter(id=old.id).exists(),
+        timeout=60,
+        what=f"the good batch, the waiter and the pruning:\n{w.output()[-3000:]}",
+    )
+    wait_for(lambda: w.output().count(f"batch {bad.id}: its finish failed") >= 3, timeout=30)
+    assert w.proc.poll() is None, w.output()[-3000:]
+    assert BatchRecord.objects.get(id=bad.id).state == "sealed" and not ran("bad callback")
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()[-3000:]
+
+
 def test_a_batch_of_100000_members_from_a_generator_stays_in_bounded_memory():
     """The enqueuing process's Python allocations peak under 64 MiB while 100,000 members go in
     from a generator, and the batch counts them all; a member that ran while the block was open

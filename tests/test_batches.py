@@ -4,10 +4,11 @@ In-process (``tick()``) here; tests/test_batch_workers.py runs them through work
 """
 
 import json
+import logging
 import threading
 
 import pytest
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 from django.test import override_settings
 
 import django_rws_jobs as rws
@@ -284,6 +285,41 @@ def test_the_sweep_finishes_what_a_crash_left():
         "failure",
         "finish",
     ]
+
+
+def spoil_callbacks(batch_id: str) -> None:
+    """Give the batch stored callbacks whose INSERT every database refuses (a job_type of NULL),
+    by raw SQL: the API refuses such values, but a row may come from elsewhere."""
+    stored = json.loads(BatchRecord.objects.get(id=batch_id).callbacks)
+    for rows in stored.values():
+        for row in rows:
+            row[1] = None
+    with connection.cursor() as c:
+        c.execute("UPDATE rws_batches SET callbacks = %s WHERE id = %s", [json.dumps(stored), batch_id])
+
+
+def test_a_batch_whose_finish_fails_is_skipped_and_the_sweep_goes_on(caplog):
+    """A batch whose finish the database refuses is logged and skipped: the sweep still
+    finishes the other batches, and what waits for them is released."""
+    with rws.batch(on_success=cb("bad")) as bad:
+        bad_member = bad.enqueue("test.batch_member", "1")
+    with rws.batch(on_success=cb("good")) as good:
+        good_member = good.enqueue("test.batch_member", "2")
+    spoil_callbacks(bad.id)
+    waiting = rws.enqueue("test.record", "after good", after=[good])
+    Job.objects.filter(id__in=[bad_member, good_member]).delete()  # they succeeded, unrecorded
+    store = Store(connections["default"])
+    with caplog.at_level(logging.ERROR, logger="django_rws_jobs"):
+        assert batch_outcomes.sweep(store, 100) == 1
+    assert f"batch {bad.id}: its finish failed; skipped until the next sweep" in caplog.text
+    assert counts(good.id) == ("finished", "succeeded", 1, 1, 0, 0, 0)
+    assert counts(bad.id)[:2] == ("sealed", None)  # its transaction rolled back: tried again later
+    assert list(Job.objects.filter(batch_event__isnull=False).values_list("batch_id", flat=True)) == [good.id]
+    assert Job.objects.get(id=waiting).status == "pending"
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="django_rws_jobs"):
+        assert batch_outcomes.sweep(store, 100) == 0
+    assert f"batch {bad.id}: its finish failed" in caplog.text
 
 
 def test_settling_twice_changes_nothing():

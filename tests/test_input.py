@@ -348,3 +348,42 @@ def test_rws_schedules_shows_any_stored_due_time():
     assert re.search(
         r"^  before-1970 +0 \* \* \* \* \* +1969-12-31 23:59:59 UTC \(\d+ y ago\)$", text, re.MULTILINE
     ), text
+
+
+# -- issue 50, item 1: a NUL in a JSON value --------------------------------------------------------
+
+NUL_MESSAGE = r"holds the text 'a\\x00b', which contains a NUL character; PostgreSQL cannot store it$"
+
+
+def test_a_nul_in_any_json_value_is_refused_on_every_database():
+    """json.dumps writes a NUL as \\u0000, which PostgreSQL's jsonb refuses at the INSERT (the
+    finish of a batch whose callback carried one failed at every sweep): every JSON value the queue
+    stores refuses it up front, a ValueError on every database, and the caller's transaction goes
+    on."""
+    from django.db import transaction
+
+    from django_rws_jobs.queue.context import output_text
+    from django_rws_jobs.tasks.compat import InvalidTask
+    from tests.testapp.tasks import tagged
+
+    for metadata in ({"s": "a\x00b"}, {"a\x00b": 1}, {"deep": [{"x": ["ok", "a\x00b"]}]}):
+        with transaction.atomic():
+            with pytest.raises(ValueError, match=r"^metadata " + NUL_MESSAGE):
+                rws.enqueue("test.record", "x", metadata=metadata)
+            with pytest.raises(ValueError, match=r"^job #1: metadata " + NUL_MESSAGE):
+                rws.enqueue_many(["test.record", {"job_type": "test.record", "metadata": metadata}])
+            with pytest.raises(ValueError, match=r"^metadata " + NUL_MESSAGE):
+                rws.call("test.record", "cb", metadata=metadata)
+            with pytest.raises(ValueError, match=r"^metadata " + NUL_MESSAGE):
+                rws.batch(metadata=metadata)
+            with pytest.raises(InvalidTask, match=r"^metadata " + NUL_MESSAGE):
+                tagged.using(metadata=metadata)
+            kept = rws.enqueue("test.record", "after", metadata={"fine": True})
+    with pytest.raises(ValueError, match=r"^record\(\)'s value " + NUL_MESSAGE):
+        output_text(["a\x00b"])
+    assert Job.objects.filter(payload="after", metadata__fine=True).count() == 3
+    assert Job.objects.count() == 3 and Job.objects.filter(id=kept).exists()
+    # The text "\u0000" (a backslash, then "u0000") holds no NUL: it is kept as it is.
+    backslash = rws.enqueue("test.record", "y", metadata={"s": "\\u0000", "t": "\\\\u0000"})
+    assert Job.objects.get(id=backslash).metadata == {"s": "\\u0000", "t": "\\\\u0000"}
+    assert output_text("\\u0000") == '"\\\\u0000"'

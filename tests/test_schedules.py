@@ -393,6 +393,33 @@ def test_a_name_no_database_stores_is_a_check_error_and_the_others_run():
     assert tick_schedules(now=ts("2024-01-01 00:02:00"), schedules=[made]) == 0
 
 
+def test_a_nul_in_a_schedules_metadata_is_a_check_error_and_the_others_run(temp_jobs, caplog):
+    """PostgreSQL's jsonb refuses a NUL, which json.dumps writes as \\u0000: a schedule declared
+    with one (in the settings, or by a handler registered at run time) is a check error and does
+    not run; one made past the checks fails alone, logged, while the others fire."""
+    bad = {**MINUTELY, "metadata": {"s": "a\x00b"}}
+    decorated = {"name": "decorated", "cron": "0 * * * * *", "metadata": {"k": ["a\x00b"]}}
+    temp_jobs("tests.sched.nul", schedule=decorated)
+    message = "holds the text 'a\\x00b', which contains a NUL character; PostgreSQL cannot store it"
+    assert _check(nul=bad) == [
+        ("rws_jobs.E104", f"schedule 'nul': metadata {message}"),
+        ("rws_jobs.E104", f"schedule 'decorated': metadata {message}"),
+    ]
+    with with_schedules(good=MINUTELY, nul=bad):
+        assert tick_schedules(now=ts("2024-01-01 00:00:30")) == 0
+        assert tick_schedules(now=ts("2024-01-01 00:01:00")) == 1
+    assert sorted(JobSchedule.objects.values_list("name", flat=True)) == ["good"]
+    # Past the checks (a Schedule made by hand): its enqueue fails, logged; the others fire.
+    made = Schedule("made", "0 * * * * *", "test.record", "made", {"metadata": {"s": "a\x00b"}})
+    good = Schedule("good", "0 * * * * *", "test.record", "m")
+    JobSchedule.objects.create(name="made", next_run_at=ts("2024-01-01 00:02:00"), cron="0 * * * * *")
+    with caplog.at_level(logging.ERROR, logger="django_rws_jobs"):
+        assert tick_schedules(now=ts("2024-01-01 00:02:00"), schedules=[made, good]) == 1
+    assert "schedule 'made' failed" in caplog.text and message in caplog.text
+    assert jobs() == [("test.record", "m", "default", 0, 3)] * 2
+    assert row("made")[0] == ts("2024-01-01 00:02:00")  # unclaimed: tried again at the next tick
+
+
 def test_duplicate_names_are_check_errors_and_neither_runs(temp_jobs):
     temp_jobs("tests.sched.dup1", schedule={"name": "m", "cron": "0 0 3 * * *"})
     assert _check(m=MINUTELY) == [

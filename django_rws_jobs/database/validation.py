@@ -199,4 +199,38 @@ def json_dict(name: str, value: Any, limit: int, setting: str) -> str:
     size = len(dumped.encode("utf-8", "surrogatepass"))
     if size > limit:
         raise ValueError(f"{name} is {size} bytes of JSON; the limit is {limit} ({setting})")
+    json_without_nul(name, value, dumped)
     return text(name, dumped)
+
+
+#: A NUL as ``json.dumps`` writes it: ``\u0000`` after an even number of backslashes (an odd one
+#: makes it the text "\u0000", whose backslash is escaped).
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def json_without_nul(name: str, value: Any, dumped: str) -> None:
+    """ValueError if ``dumped`` (``value`` as JSON) holds a NUL, which PostgreSQL's ``jsonb``
+    refuses: refused on every database alike, naming the text that holds it
+    (tests/test_input.py::test_a_nul_in_any_json_value_is_refused_on_every_database)."""
+    if "\\u0000" not in dumped or not _JSON_NUL.search(dumped):
+        return
+    found = _text_with_nul(value)
+    raise ValueError(
+        f"{name} holds the text {show(found)}, which contains a NUL character; PostgreSQL cannot store it"
+    )
+
+
+def _text_with_nul(value: Any) -> str | None:
+    """The first key or string in ``value`` (JSON) that contains a NUL."""
+    if isinstance(value, str):
+        return value if "\x00" in value else None
+    items: Iterable[Any] = ()
+    if isinstance(value, dict):
+        items = (part for pair in value.items() for part in pair)
+    elif isinstance(value, (list, tuple)):
+        items = value
+    for item in items:
+        found = _text_with_nul(item)
+        if found is not None:
+            return found
+    return None

@@ -23,9 +23,12 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from django.db import Error as DatabaseError
+
 from ..database.backends.claimed import Claimed
 from ..database.backends.inserts import INSERT_COLUMNS, INSERT_SQL, batches
 from ..database.backends.statements import placeholders
+from ..database.connections import is_transient
 from ..flow.concurrency_keys import promote
 from . import dependencies, ids
 
@@ -81,7 +84,24 @@ def settle(store: Any, ended: Iterable[tuple[Claimed, str]], now: int) -> int:
                     "AND outcome IS NULL",
                     [outcome, *part],
                 )
-    return resolved + sum(try_finish(store, batch_id, now, died) for batch_id, died in touched.items())
+    return resolved + finish_each(store, touched.items(), now)
+
+
+def finish_each(store: Any, batch_ids: Iterable[tuple[str, bool]], now: int) -> int:
+    """``try_finish`` each of ``(batch id, check_fail_fast)``; returns how many finished. A batch
+    whose finish fails for a reason of its own (a callback row the database refuses, stored
+    callbacks that do not parse) is logged and skipped, its own transaction rolled back, and the
+    others go on; the next sweep tries it again. An error that may pass (a lost connection) is
+    raised. (tests/test_batches.py::test_a_batch_whose_finish_fails_is_skipped_and_the_sweep_goes_on)"""
+    finished = 0
+    for batch_id, check_fail_fast in batch_ids:
+        try:
+            finished += try_finish(store, batch_id, now, check_fail_fast)
+        except Exception as exc:
+            if isinstance(exc, DatabaseError) and is_transient(exc):
+                raise
+            logger.exception("batch %s: its finish failed; skipped until the next sweep", batch_id)
+    return finished
 
 
 def _settle_dependents(store: Any, ended: list[tuple[Claimed, str]]) -> int:
@@ -293,7 +313,7 @@ def sweep(store: Any, now: int, limit: int = SWEEP_LIMIT) -> int:
             f"LIMIT {int(limit)}"
         )
         idle = [row[0] for row in c.fetchall()]
-    return finished + sum(try_finish(store, batch_id, now, check_fail_fast=True) for batch_id in idle)
+    return finished + finish_each(store, ((batch_id, True) for batch_id in idle), now)
 
 
 #: Batches pruned in one pass.

@@ -379,7 +379,7 @@ def _now(alias: str) -> float:
 def output_text(value: Any) -> str:
     """``value`` as the JSON text ``record`` keeps, within OUTPUT_MAX_BYTES."""
     from ..conf import jobs_settings
-    from ..database.validation import show
+    from ..database.validation import json_without_nul, show
     from ..database.validation import text as _text
 
     try:
@@ -391,6 +391,7 @@ def output_text(value: Any) -> str:
         raise ValueError(
             f"record(): the value is {size} bytes of JSON; the limit is {limit} (OUTPUT_MAX_BYTES)"
         )
+    json_without_nul("record()'s value", value, text)
     return _text("record()'s value", text)
 
 

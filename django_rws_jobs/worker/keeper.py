@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.db import Error as DatabaseError
@@ -100,13 +101,34 @@ class LeaseKeeper:
         repair the batches a crash left and prune the ended ones past their retention, and the
         dependency rows of jobs that are gone."""
         now = int(clock.now(self.shared.alias))
-        forget_dead(store, now)
-        prune_cancelled(store, now, float(jobs_settings.CANCELLED_RETENTION))
-        batch_outcomes.sweep(store, now)
-        dependencies.sweep(store, now)
-        self.prune_edges_after = dependencies.prune(store, self.prune_edges_after)
-        batch_outcomes.prune(store, now, float(jobs_settings.BATCH_RETENTION))
-        metrics.prune(store, now - int(jobs_settings.METRICS_RETENTION))
+        batch_retention = float(jobs_settings.BATCH_RETENTION)
+
+        def prune_edges() -> None:
+            self.prune_edges_after = dependencies.prune(store, self.prune_edges_after)
+
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("deleting dead workers' rows", lambda: forget_dead(store, now)),
+            (
+                "pruning cancelled jobs",
+                lambda: prune_cancelled(store, now, float(jobs_settings.CANCELLED_RETENTION)),
+            ),
+            ("sweeping batches", lambda: batch_outcomes.sweep(store, now)),
+            ("sweeping dependencies", lambda: dependencies.sweep(store, now)),
+            ("pruning dependency rows", prune_edges),
+            ("pruning batches", lambda: batch_outcomes.prune(store, now, batch_retention)),
+            ("pruning metrics", lambda: metrics.prune(store, now - int(jobs_settings.METRICS_RETENTION))),
+        ]
+        # A step that fails for a reason of its own (a value the database refuses) is logged and
+        # the others run: it never stops the worker. One that may pass is raised, and the next
+        # round tries again (tests/test_batch_workers.py
+        # test_a_batch_whose_finish_fails_never_stops_a_worker_nor_its_sweeps).
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:
+                if isinstance(exc, DatabaseError) and is_transient(exc):
+                    raise
+                logger.exception("lease keeper: %s failed; the other steps go on", what)
 
     def _beat(self, held: list[Claimed]) -> None:
         """Renew this worker's row: the queue's time, the jobs it holds, its counts."""
