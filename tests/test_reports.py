@@ -135,6 +135,18 @@ def test_progress_in_a_tight_loop_costs_a_few_writes(monkeypatch):
         ((True,), TypeError, r"^progress\(\): current must be a number, got bool True$"),
         ((1, float("inf")), ValueError, r"^progress\(\): total must be a finite number, got inf$"),
         ((1, 2, "m" * 1001), ValueError, r"progress\(\)'s message"),
+        (
+            (10**400, 3),
+            ValueError,
+            r"^progress\(\): current \(a 1329-bit integer\) is out of range; "
+            r"it must be between -9007199254740992 and 9007199254740992$",
+        ),
+        (
+            (1, -1e300),
+            ValueError,
+            r"^progress\(\): total -1e\+300 is out of range; it must be between -9007199254740992 and",
+        ),
+        ((2**53, 2**53 + 1), ValueError, r"^progress\(\): total 9007199254740993 is out of range"),
     ],
 )
 def test_bad_progress_is_a_clear_error(args, error, message):

@@ -38,6 +38,8 @@ T = TypeVar("T")
 
 #: The longest progress message, in characters.
 MESSAGE_MAX = 1000
+#: The largest magnitude of a progress number: every integer up to it is exact as a float.
+PROGRESS_MAX = 2**53
 NUMBERS = (int, float)
 
 
@@ -179,9 +181,11 @@ class JobContext:
         with an optional ``message``. Cheap: the latest report is written at most once a second,
         by the worker's own connection, so it is seen at once even inside the handler's
         transaction; ``django_rws_jobs.get_progress(job_id)`` reads it."""
-        # x - x == 0 holds for every finite int and float, not for inf and nan.
-        if not (type(current) in NUMBERS and current - current == 0) or (
-            total is not None and not (type(total) in NUMBERS and total - total == 0)
+        # False for inf and nan, and for a number past PROGRESS_MAX (an int of any size is
+        # accepted by JSON, then get_progress().fraction and the admin raise OverflowError:
+        # tests/test_reports.py::test_bad_progress_is_a_clear_error).
+        if not (type(current) in NUMBERS and -PROGRESS_MAX <= current <= PROGRESS_MAX) or (
+            total is not None and not (type(total) in NUMBERS and -PROGRESS_MAX <= total <= PROGRESS_MAX)
         ):
             _check_number("current", current)
             _check_number("total", total)
@@ -345,8 +349,13 @@ def _check_number(name: str, value: Any) -> None:
 
     if type(value) is bool or not isinstance(value, (int, float)):
         raise TypeError(f"progress(): {name} must be a number, got {type(value).__name__} {show(value)}")
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"progress(): {name} must be a finite number, got {value!r}")
+    if not -PROGRESS_MAX <= value <= PROGRESS_MAX:
+        raise ValueError(
+            f"progress(): {name} {show(value)} is out of range; "
+            f"it must be between {-PROGRESS_MAX} and {PROGRESS_MAX}"
+        )
 
 
 def _check_message(message: Any) -> None:
