@@ -1,5 +1,6 @@
 """Jobs that wait for jobs and batches: enqueue(after=, on_dependency_failure=)."""
 
+import contextvars
 import sqlite3
 import time
 import uuid
@@ -285,6 +286,27 @@ def test_deleting_a_dependency_that_did_not_succeed_is_its_failure():
     assert status(waits_too) == "blocked"
     dependencies.sweep(Store(connections["default"]), 0)
     assert status(waits_too) == "cancelled"
+
+
+def test_a_dependency_cycle_through_open_batches_is_refused(runs):
+    """Two batches open at once (here in two contexts, as in two threads): a member of each
+    waiting for the other would leave both blocked for ever. The enqueue that closes the cycle
+    is refused, directly or through a job that waits for the batch; the rest runs."""
+    first, second = rws.batch(), rws.batch()
+    elsewhere = contextvars.copy_context()
+    elsewhere.run(second.__enter__)
+    with first:
+        first.enqueue("test.record", "a1", after=[second])
+        outside = contextvars.Context().run(lambda: rws.enqueue("test.record", "k", after=[first.id]))
+        with pytest.raises(ValueError, match=f"waits .* for batch {second.id}, whose member"):
+            elsewhere.run(lambda: second.enqueue("test.record", "b1", after=[first]))
+        with pytest.raises(ValueError, match=f"after names {outside}, which waits"):
+            first.enqueue("test.record", "a2", after=[outside])
+        elsewhere.run(lambda: second.enqueue("test.record", "b2"))
+    elsewhere.run(second.__exit__, None, None, None)
+    drain()
+    assert [p for _, p in runs()] == ["b2", "a1", "k"]
+    assert Job.objects.count() == 0
 
 
 def test_an_end_nobody_recorded_is_found_by_the_recheck_and_the_sweep():

@@ -45,6 +45,7 @@ from ..database.validation import show
 from ..database.validation import text as _text
 from ..flow.concurrency_keys import promote
 from . import ids
+from .members import open_batch
 
 if TYPE_CHECKING:
     from ..database.backends.claimed import Claimed
@@ -106,7 +107,10 @@ def add(
     worker's renewal or outcome waits on
     (tests/test_dependencies.py::test_an_open_enqueue_after_a_running_job_does_not_hold_its_worker)."""
     with conn.cursor() as c:
-        found = _current_outcomes(c, conn.alias, job_id, deps)
+        found = _current_outcomes(c, conn.alias, deps)
+        inside = open_batch.get()
+        if inside is not None and inside[1] == conn.alias:  # the job is a member of that batch
+            _refuse_a_cycle(c, inside[0], found)
         # At most CHUNK parameters a statement, whatever the number of ids: SQLite builds take
         # 999 or 32,766, PostgreSQL 65,535
         # (tests/test_dependencies.py::test_after_takes_more_ids_than_one_statement_holds).
@@ -131,7 +135,7 @@ ID_CLOCK_SKEW = 60
 
 
 def _current_outcomes(
-    c: Any, alias: str, job_id: str, deps: Sequence[tuple[str, bool]]
+    c: Any, alias: str, deps: Sequence[tuple[str, bool]]
 ) -> list[tuple[str, bool, str | None]]:
     """Each of ``deps`` as (id, whether it is a batch, its outcome: None while it has not ended).
 
@@ -171,20 +175,56 @@ def _current_outcomes(
                     + ": only a job id made before the enqueue whose job is gone counts as a success"
                 )
             found.append((dep, False, "succeeded"))
-    given_as_text = [
-        dep
-        for (dep, on_batch), (_, is_batch, _) in zip(deps, found, strict=True)
-        if is_batch and not on_batch
-    ]
-    if given_as_text:
-        c.execute("SELECT batch_id FROM rws_jobs WHERE id = %s", [job_id])
-        row = c.fetchone()
-        if row is not None and row[0] in given_as_text:
-            raise ValueError(
-                f"a job enqueued inside batch {row[0]} cannot wait for it: "
-                "as a member, the batch would wait for it in turn"
-            )
     return found
+
+
+#: Jobs and batches ``_refuse_a_cycle`` looks through at most; past it, it stops looking.
+CYCLE_LOOK = 10_000
+
+
+def _refuse_a_cycle(c: Any, batch_id: str, found: list[tuple[str, bool, str | None]]) -> None:
+    """A member of ``batch_id`` (the batch open here) cannot wait for something that waits, in
+    turn, for that batch: neither would ever end. Nothing waits for the new job itself yet, so a
+    cycle closes only through its batch: look back from the batch through what waits for it (the
+    jobs whose dependencies name it, the batches whose outstanding members those are, and so on)
+    for one of the job's own dependencies that has not ended
+    (tests/test_dependencies.py::test_a_dependency_cycle_through_open_batches_is_refused). One
+    statement when nothing waits for the batch, as while a batch is open nothing usually does."""
+    if any(is_batch and dep == batch_id for dep, is_batch, _ in found):
+        raise ValueError(
+            f"a job enqueued inside batch {batch_id} cannot wait for it: "
+            "as a member, the batch would wait for it in turn"
+        )
+    open_deps = {dep for dep, _, outcome in found if outcome != "succeeded"}
+    seen = {batch_id}
+    frontier = [batch_id]
+    first = True
+    while frontier and len(seen) < CYCLE_LOOK:
+        waiting: list[str] = []
+        for part in batches(iter(frontier), CHUNK):
+            marks = placeholders(len(part))
+            c.execute(
+                f"SELECT job_id, depends_on FROM rws_job_dependencies WHERE depends_on IN ({marks}) "
+                "AND (outcome IS NULL OR (outcome = 'failed' AND policy = 'wait'))",
+                list(part),
+            )
+            waiting += [row[0] for row in c.fetchall()]
+            if not first:  # a batch waits for its outstanding members (a batch is no member)
+                c.execute(
+                    f"SELECT batch_id FROM rws_batch_members WHERE job_id IN ({marks}) AND outcome IS NULL",
+                    list(part),
+                )
+                waiting += [row[0] for row in c.fetchall()]
+        first = False
+        frontier = [node for node in dict.fromkeys(waiting) if node not in seen]
+        seen.update(frontier)
+        closing = open_deps.intersection(frontier)
+        if closing:
+            dep = min(closing)
+            raise ValueError(
+                f"after names {dep}, which waits (through what it waits for) for batch {batch_id}, "
+                "whose member this job is: a cycle, in which nothing would ever run"
+            )
 
 
 def flag(store: Any, job_ids: Sequence[str]) -> None:
