@@ -510,3 +510,59 @@ def test_pruning_deletes_a_batchs_outputs_over_bounded_passes(monkeypatch):
     assert passes == [0, 0, 0, 1]  # 2 + 2 + (1 output and the member row), then the batch
     assert BatchOutput.objects.count() == 0 and BatchMember.objects.count() == 0
     assert rws.get_batch(b.id) is None
+
+
+@pytest.mark.skipif(
+    connection.vendor == "sqlite", reason="SQLite: an open write transaction holds the whole file"
+)
+def test_records_of_two_members_do_not_wait_for_each_other():
+    """Two members' handlers record() in transactions open at once, at REPEATABLE READ (a user's
+    setting on MariaDB): the second record goes in while the first transaction is still open. A
+    DELETE then an INSERT took a gap lock there, so the second waited for the first (and two
+    whose statements interleave deadlock)."""
+    import time
+
+    from django_rws_jobs.database.connections import private_connection
+
+    with rws.batch() as b:
+        b.enqueue("test.record", "a")
+        b.enqueue("test.record", "b")
+    worker = private_connection("default")
+    try:
+        now = int(time.time())
+        first, second = sorted(Store(worker).claim("w#1", now, now + 60, None, 2), key=lambda j: j.id)
+    finally:
+        worker.close()
+
+    def repeatable_read() -> None:
+        with connection.cursor() as c:
+            if connection.vendor == "mysql":
+                c.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                c.execute("SET SESSION innodb_lock_wait_timeout = 1")
+            else:
+                c.execute("SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                c.execute("SET lock_timeout = '1s'")
+
+    done: list[object] = []
+
+    def other_handler() -> None:
+        try:
+            repeatable_read()
+            with transaction.atomic():
+                done.append(outputs.keep("default", second, '"y"'))
+        except Exception as exc:  # the lock wait's timeout, before the fix
+            done.append(exc)
+        finally:
+            connection.close()
+
+    repeatable_read()
+    try:
+        with transaction.atomic():
+            assert outputs.keep("default", first, '"x"')
+            thread = threading.Thread(target=other_handler)
+            thread.start()
+            thread.join(10)
+            assert done == [True]
+    finally:
+        connection.close()  # its session's isolation level goes with it
+    assert dict(rws.get_batch(b.id).outputs()) == {first.id: "x", second.id: "y"}

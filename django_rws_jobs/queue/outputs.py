@@ -8,6 +8,8 @@ Invariants (tests/test_batches.py):
   the last attempt's.
 - It is written through the handler's own connection: inside the handler's transaction it
   commits or rolls back with the rest of the handler's work.
+- It is one upsert: the records of members whose transactions are open at once never wait for
+  each other, at any isolation level (no DELETE, whose gap lock MariaDB takes at REPEATABLE READ).
 - ``read`` pages through one batch's rows by job id, so a batch of any size is never loaded whole.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from ..database import clock
+from ..database.backends import backend_for
 from ..database.backends.claimed import Claimed
 
 #: Rows ``read`` fetches in one statement.
@@ -38,10 +41,16 @@ def keep(alias: str, claim: Claimed, text: str) -> bool:
         row = c.fetchone()
         if row is None:
             return False
-        c.execute("DELETE FROM rws_batch_outputs WHERE job_id = %s", [claim.id])
+        # One upsert, not a DELETE then an INSERT: no gap lock, so that the records of two
+        # members' open transactions never wait for each other (nor deadlock) at MariaDB's
+        # REPEATABLE READ (tests/test_batches.py::test_records_of_two_members_do_not_wait_for_each_other).
         c.execute(
-            "INSERT INTO rws_batch_outputs (job_id, batch_id, value, recorded_at) VALUES (%s, %s, %s, %s)",
-            [claim.id, row[0], text, int(clock.now(alias))],
+            *backend_for(connections[alias]).upsert_replacing(
+                "rws_batch_outputs",
+                ["job_id"],
+                ["batch_id", "value", "recorded_at"],
+                [[claim.id, row[0], text, int(clock.now(alias))]],
+            )
         )
     return True
 

@@ -136,6 +136,14 @@ class MySQLBackend(BaseBackend):
             f" ON DUPLICATE KEY UPDATE {', '.join(sets)}"
         )
 
+    def upsert_replacing(
+        self, table: str, keys: Sequence[str], values: Sequence[str], rows: Sequence[Sequence[Any]]
+    ) -> Sql:
+        sets = [f"{c} = VALUES({c})" for c in values]
+        return self._insert_rows(table, [*keys, *values], rows).add(
+            f" ON DUPLICATE KEY UPDATE {', '.join(sets)}"
+        )
+
     def claim_index_hint(self, queues: Sequence[str] | None) -> str:
         # MariaDB would weigh every index the conditions name each time it plans a claim, a large
         # part of the claim's time: it is told the index.
