@@ -23,6 +23,13 @@ Invariants (tests/test_dependencies.py):
   a crash leaves between the commit and the recheck, the keeper's ``sweep`` finds.
 - Resolution writes are conditional on ``status = 'blocked'``: a job is released or cancelled
   once, whoever resolves it (the worker, the recheck, the keeper's sweep).
+- A job's rows stay while the job does: a retry puts a job that waits for something back to
+  ``blocked`` and decides it again from them (``rewait``). A failure whose job or batch is gone
+  stands (nothing can tell otherwise any more). Once the waiting job is gone, ``prune`` deletes
+  its rows.
+- No cycle: a new job is waited for only through the batch it joins, so ``add`` refuses a member
+  whose dependencies wait, in turn, for its batch (``_refuse_a_cycle``; rows of transactions not
+  yet committed are not seen).
 - This module writes job rows only. Each function that cancels jobs hands their ids back to its
   caller (``ended``'s and ``sweep``'s ``cancelled`` list, ``add``'s ``on_cancelled``), which
   records them in their batches and sends ``job_cancelled`` (batch_outcomes.py;
