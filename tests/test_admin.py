@@ -766,3 +766,15 @@ def test_a_jobs_progress_and_metadata_show_on_its_page_and_in_the_list(admin_cli
     plain = rws.enqueue("test.record", "x")
     page = admin_client.get(reverse("admin:django_rws_jobs_job_change", args=[plain])).content.decode()
     assert "rws-progress" not in page
+
+
+def test_a_jobs_list_shows_a_row_whose_stored_progress_is_out_of_range(admin_client):
+    """One row with a report no float can hold (written by another program) does not break the
+    jobs list nor its page (queue/progress.py parse_progress)."""
+    job_id = rws.enqueue("test.record", "x")
+    huge = '{"current": 1%s, "total": 3}' % ("0" * 400)
+    Job.objects.filter(id=job_id).update(progress=huge, progress_at=1.0)
+    assert admin_client.get(JOBS).status_code == 200
+    page = admin_client.get(reverse("admin:django_rws_jobs_job_change", args=[job_id]))
+    assert page.status_code == 200
+    assert "nan / 3" in page.content.decode()

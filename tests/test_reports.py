@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 
@@ -169,6 +170,27 @@ def test_on_sqlite_a_save_inside_a_transaction_is_written_with_it():
     assert Job.objects.get(id=job_id).metadata == {"a": 1}
 
 
+@pytest.mark.parametrize(
+    "stored, current, total, message",
+    [
+        ('{"current": 1%s, "total": 3, "message": "m"}' % ("0" * 400), None, 3, "m"),
+        ('{"current": 2, "total": 1%s}' % ("0" * 400), 2, None, None),
+        ('{"current": "2", "total": [3], "message": 7}', None, None, None),
+        ("[1, 2]", None, None, None),
+        ("not json", None, None, None),
+    ],
+)
+def test_a_stored_report_out_of_range_reads_without_an_error(stored, current, total, message):
+    """progress() refuses such numbers, but a row written by another program can hold any text:
+    it reads as NaN for a current and None for what cannot be taken (queue/progress.py)."""
+    job_id = rws.enqueue("test.record", "x")
+    Job.objects.filter(id=job_id).update(progress=stored, progress_at=1.0)
+    p = rws.get_progress(job_id)
+    assert (p.total, p.message) == (total, message)
+    assert p.current == current if current is not None else math.isnan(p.current)
+    assert p.fraction is None
+
+
 def test_get_progress_of_an_unknown_job_is_none():
     assert rws.get_progress("no-such-job") is None
 
@@ -257,6 +279,18 @@ def test_a_tasks_result_keeps_its_metadata():
     result.refresh()
     assert result.return_value == {"tenant": 3}  # what context.metadata read
     assert tagged.get_result(result.id).metadata == {"tenant": 3, "seen": True}
+
+
+def test_a_failed_tasks_attempt_keeps_its_last_progress():
+    """A task's attempt that fails writes its last report at its end, as a job's does
+    (runner.execute, the row runner's ``failed``)."""
+    from tests.testapp.tasks import report_then_fail
+
+    result = report_then_fail.enqueue(3)
+    assert rws.tick()
+    assert Job.objects.get(id=result.id).status == Status.FAILED
+    progress = rws.get_progress(result.id)
+    assert progress is not None and (progress.current, progress.total, progress.message) == (3, 4, "step 3")
 
 
 def test_a_failed_tasks_row_keeps_its_saved_metadata():

@@ -44,6 +44,10 @@ class RowRunner(Protocol):
     def record(self, store: Any, job: Any, outcome: Any, expired_before: int | None) -> str:
         """Write the outcome, fenced on the claim: 'done', 'retry', 'dead' or 'lost'."""
 
+    def failed(self, outcome: Any) -> bool:
+        """Whether ``outcome`` (what ``run`` returned) is a failed attempt: its last progress
+        report is then written at its end, as a failed handler's is."""
+
 
 @dataclass(frozen=True)
 class JobSpec:

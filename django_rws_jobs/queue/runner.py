@@ -294,13 +294,18 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
         rows = registry.row_runner(job.job_type)
         if rows is not None:
             token = running.set(job)  # current_job() in the task's function
+            outcome: Any = None
+            ran = False
             try:
                 outcome = rows.run(job)
+                ran = True
             finally:
                 running.reset(token)
                 if job.context is not None:
+                    # A failed or stopped attempt keeps its last progress, as a handler's does
+                    # (tests/test_reports.py::test_a_failed_tasks_attempt_keeps_its_last_progress).
                     try:
-                        job.context._end()
+                        job.context._end(failed=not ran or rows.failed(outcome))
                     except Exception as unsaved:
                         logger.warning("task %s: its metadata was not saved: %s", job.id, unsaved)
                     job.context = None  # no cycle (the context holds the claim)

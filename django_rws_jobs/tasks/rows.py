@@ -49,6 +49,9 @@ class TaskRows:
             outcome = failure_from_text(job, outcome)
         return record_task(store, job, outcome, expired_before)
 
+    def failed(self, outcome: Any) -> bool:
+        return not (isinstance(outcome, TaskOutcome) and outcome.error is None)
+
     def record_many(self, store: Store, pairs: list[tuple[Claimed, Any]]) -> list[str]:
         """The worker's outcomes of one completer batch: the successes in one transaction (one
         fenced DELETE per claim, one INSERT of their results), the others one by one."""

@@ -117,3 +117,17 @@ def tagged(context, fail: bool = False) -> dict:
     if fail:
         raise RuntimeError("asked to fail")
     return seen
+
+
+@rws_task(max_attempts=1)
+def report_then_fail(steps: int) -> None:
+    """Reports ``steps`` steps of 4 with the progress writer's rounds held off, then fails: only
+    the attempt's end writes its last report."""
+    from django_rws_jobs import current_job
+    from django_rws_jobs.queue import reports
+
+    ctx = current_job()
+    reports.writer(ctx._alias).last_write = time.monotonic() + 3600
+    for i in range(steps):
+        ctx.progress(i + 1, 4, f"step {i + 1}")
+    raise RuntimeError("asked to fail")
