@@ -237,15 +237,24 @@ def _refuse_a_cycle(c: Any, batch_id: str, found: list[tuple[str, bool, str | No
 def flag(store: Any, job_ids: Sequence[str]) -> None:
     """Mark what the jobs ``job_ids`` wait for as having dependents, whatever its status (a dead
     one may be retried and succeed: its worker then resolves them), each in a short transaction
-    of its own (tests/test_dependencies.py::test_a_job_waiting_for_a_dead_job_is_released_by_its_retry)."""
+    of its own (tests/test_dependencies.py::test_a_job_waiting_for_a_dead_job_is_released_by_its_retry).
+    The ids are read first: an UPDATE of rws_jobs whose ids come from a subquery scans the whole
+    table on MariaDB."""
     for part in batches(iter(job_ids), CHUNK):
-        with store.writes, store.atomic(), store.cursor() as c:
+        with store.cursor() as c:
             c.execute(
-                "UPDATE rws_jobs SET has_dependents = TRUE WHERE id IN (SELECT depends_on FROM "
-                f"rws_job_dependencies WHERE job_id IN ({placeholders(len(part))}) AND on_batch = FALSE) "
-                "AND (has_dependents IS NULL OR has_dependents = FALSE)",
+                "SELECT DISTINCT depends_on FROM rws_job_dependencies "
+                f"WHERE job_id IN ({placeholders(len(part))}) AND on_batch = FALSE",
                 list(part),
             )
+            marked = [row[0] for row in c.fetchall()]
+        for ids_part in batches(iter(marked), CHUNK):
+            with store.writes, store.atomic(), store.cursor() as c:
+                c.execute(
+                    f"UPDATE rws_jobs SET has_dependents = TRUE WHERE id IN ({placeholders(len(ids_part))}) "
+                    "AND (has_dependents IS NULL OR has_dependents = FALSE)",
+                    list(ids_part),
+                )
 
 
 def decide(edges: Iterable[tuple[str, str | None]]) -> str:
