@@ -778,3 +778,20 @@ def test_a_jobs_list_shows_a_row_whose_stored_progress_is_out_of_range(admin_cli
     page = admin_client.get(reverse("admin:django_rws_jobs_job_change", args=[job_id]))
     assert page.status_code == 200
     assert "nan / 3" in page.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("page", [False, True])
+def test_deleting_a_dead_dependency_cancels_what_waits_for_its_retry(admin_client, page):
+    """The admin's deletes, as rws.delete: a "wait" for the dead job's retry can never end."""
+    from tests.conftest import drain
+
+    dead = rws.enqueue("test.fail", "x", max_retries=0)
+    drain()
+    waits = rws.enqueue("test.record", "w", after=[dead], on_dependency_failure="wait")
+    if page:
+        admin_client.post(reverse("admin:django_rws_jobs_failedjob_delete", args=[dead]), {"post": "yes"})
+    else:
+        delete_post(admin_client, dead, confirm=True)
+    assert not Job.objects.filter(id=dead).exists()
+    assert Job.objects.get(id=waits).status == "cancelled"

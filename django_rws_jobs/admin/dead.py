@@ -14,7 +14,7 @@ from django.utils.translation import gettext as _
 
 from ..database.connections import queue_alias
 from ..models import FailedJob, Job, Status
-from ..queue.dead_letters import delete_where
+from ..queue.dead_letters import after_delete, delete_where
 from .common import links, refuse_nul
 from .dead_actions import DeadLetterActions
 from .dead_reports import LOG_EACH
@@ -104,6 +104,8 @@ class FailedJobAdmin(DeadLetterActions, JobDisplay):
     def delete_model(self, request: HttpRequest, obj: Any) -> None:
         # The single-job delete page: like the action, only while the job is still dead.
         deleted = delete_where(Job.objects.using(queue_alias()).filter(pk=obj.pk, status=Status.FAILED))
+        if deleted:
+            after_delete(queue_alias(), [obj.pk])
         request._rws_deleted = deleted
 
     def response_delete(self, request: HttpRequest, obj_display: str, obj_id: Any) -> HttpResponse:

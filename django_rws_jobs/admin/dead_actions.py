@@ -150,7 +150,9 @@ class DeadLetterActions(DeadLetterReports):
                 failed = Job.objects.using(alias).filter(pk__in=present, status=Status.FAILED)
                 dead_letters.delete_where(failed)
                 remaining = set(Job.objects.using(alias).filter(pk__in=present).values_list("pk", flat=True))
-                deleted += [pk for pk in batch if pk in present and pk not in remaining]
+                gone = [pk for pk in batch if pk in present and pk not in remaining]
+                dead_letters.after_delete(alias, gone)
+                deleted += gone
                 left += [pk for pk in batch if pk not in present or pk in remaining]
                 if len(ids) <= LOG_EACH:
                     job_types.update(present)

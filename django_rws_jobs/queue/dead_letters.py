@@ -92,6 +92,13 @@ def delete(job_id: str, *, using: str | None = None) -> bool:
     return done
 
 
+def after_delete(alias: str, job_ids: list[str]) -> None:
+    """Jobs ``job_ids`` were deleted just now (the admin's deletes, by ``delete_where``): what
+    waits for them has a failure (dependencies.deleted)."""
+    if job_ids:
+        dependencies.deleted(Store(connections[alias]), job_ids)
+
+
 def _free_failed_holders(alias: str, digests: list[str]) -> None:
     """Clear the unique key of failed rows that still hold one of ``digests``: a rust-web-server
     writer leaves it set when a job fails, and only a pending or running job holds its key, as

@@ -510,7 +510,7 @@ def deleted(store: Any, job_ids: Sequence[str], cancelled: list[str] | None = No
 
 def abandoned(store: Any, limit: int = 500, cancelled: list[str] | None = None) -> int:
     """``deleted`` for the dead jobs that are gone while something still waits for their retry
-    (deleted by a path that does not call ``deleted``: the admin's, an ORM delete). Part of the
+    (deleted by a path that does not call ``deleted``: an ORM or SQL delete). Part of the
     keeper's sweep; returns how many jobs were released or cancelled."""
     with store.cursor() as c:
         c.execute(
