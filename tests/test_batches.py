@@ -566,3 +566,198 @@ def test_records_of_two_members_do_not_wait_for_each_other():
     finally:
         connection.close()  # its session's isolation level goes with it
     assert dict(rws.get_batch(b.id).outputs()) == {first.id: "x", second.id: "y"}
+
+
+@pytest.fixture
+def cancelled_signals():
+    """The ids job_cancelled was sent for, in order."""
+    from django_rws_jobs.signals import job_cancelled
+
+    sent: list[str] = []
+
+    def receiver(sender, job, **kwargs):
+        sent.append(job.id)
+
+    job_cancelled.connect(receiver, weak=False)
+    yield sent
+    job_cancelled.disconnect(receiver)
+
+
+def test_a_cancel_also_cancels_blocked_members(cancelled_signals):
+    """Blocked members (after=) are cancelled with the pending ones, counted, signalled, and
+    what waits for them outside the batch is resolved: nothing of it runs later."""
+    with rws.batch(on_finish=cb("end")) as b:
+        first = b.enqueue("test.batch_member", "1")
+        blocked = b.enqueue("test.batch_member", "2", after=[first])
+    outside = rws.enqueue("test.batch_member", "3", after=[blocked])
+    assert rws.get_batch(b.id).cancel(by="ops")
+    assert counts(b.id) == ("cancelled", None, 2, 0, 0, 2, 0)
+    assert dict(Job.objects.values_list("id", "status")) == {
+        first: "cancelled",
+        blocked: "cancelled",
+        outside: "cancelled",
+    }
+    assert sorted(cancelled_signals) == sorted([first, blocked, outside])
+    assert drain() == 0 and callbacks() == []
+
+
+def test_an_exception_in_the_block_cancels_its_blocked_members_too(cancelled_signals):
+    with pytest.raises(ZeroDivisionError):
+        with rws.batch(on_finish=cb("end")) as b:
+            first = b.enqueue("test.batch_member", "1")
+            blocked = b.enqueue("test.batch_member", "2", after=[first])
+            raise ZeroDivisionError("in the block")
+    assert counts(b.id) == ("cancelled", None, 2, 0, 0, 2, 0)
+    assert set(Job.objects.values_list("status", flat=True)) == {"cancelled"}
+    assert sorted(cancelled_signals) == sorted([first, blocked])
+    assert drain() == 0
+
+
+def test_fail_fast_cancels_blocked_members_and_finishes(cancelled_signals):
+    with rws.batch(on_failure=cb("bad"), fail_fast=True) as b:
+        b.enqueue("test.batch_member", "fail", max_retries=0, priority=10)
+        other = b.enqueue("test.batch_member", "1", priority=-10, run_in=3600)
+        blocked = b.enqueue("test.batch_member", "2", after=[other])
+    drain()
+    assert counts(b.id) == ("finished", "failed", 3, 0, 1, 2, 0)
+    assert [c["payload"] for c in callbacks()] == ["bad"]
+    assert sorted(cancelled_signals) == sorted([other, blocked])
+    assert Job.objects.get(id=blocked).status == "cancelled"
+
+
+def test_a_death_settled_after_a_retry_leaves_the_member_outstanding():
+    """A retry lands between a member's death and the write of its member row (a worker's second
+    commit, or the sweep's settle after its read): the stale 'dead' writes nothing, the batch
+    waits for the retried member, and its success fires on_success."""
+    with rws.batch(on_success=cb("ok"), on_failure=cb("bad")) as b:
+        dead = b.enqueue("test.batch_member", "fail", max_retries=0)
+    drain()
+    assert [c["payload"] for c in callbacks()] == ["bad"]
+    Job.objects.filter(id=dead).update(payload="fixed")
+    assert rws.retry(dead)
+    store = Store(connections["default"])
+    assert batch_outcomes.settle(store, [(Claimed.stand_in(dead, None), "dead")], 100) == 0
+    assert counts(b.id) == ("sealed", None, 1, 0, 0, 0, 1)
+    assert BatchMember.objects.get(job_id=dead).outcome is None
+    drain()
+    assert [c["payload"] for c in callbacks()] == ["bad", "ok"]
+    assert counts(b.id) == ("finished", "succeeded", 1, 1, 0, 0, 0)
+
+
+def test_a_cancel_settled_after_a_retry_leaves_the_member_outstanding():
+    with rws.batch(on_success=cb("ok"), on_failure=cb("bad")) as b:
+        one = b.enqueue("test.batch_member", "1")
+    assert rws.cancel(one)
+    drain()
+    assert rws.retry(one)
+    store = Store(connections["default"])
+    batch_outcomes.settle(store, [(Claimed.stand_in(one, None), "cancelled")], 100)
+    assert counts(b.id) == ("sealed", None, 1, 0, 0, 0, 1)
+    drain()
+    assert [c["payload"] for c in callbacks()] == ["bad", "ok"]
+
+
+def test_a_member_cancelled_by_its_dependency_finishes_its_batch_and_signals(cancelled_signals):
+    """The dependency cascade records what it cancels in their batches at once (no sweep) and
+    sends job_cancelled: when the dependency dies, and when a member waits for one dead already."""
+    dead = rws.enqueue("test.batch_member", "fail", max_retries=0)
+    with rws.batch(on_failure=cb("bad"), on_finish=cb("end")) as b:
+        waits = b.enqueue("test.batch_member", "1", after=[dead])
+        b.enqueue("test.batch_member", "2")
+    drain()
+    assert counts(b.id) == ("finished", "failed", 2, 1, 0, 1, 0)
+    assert sorted(c["payload"] for c in callbacks()) == ["bad", "end"]
+    assert cancelled_signals == [waits]
+    with rws.batch(on_failure=cb("bad2")) as late:
+        too_late = late.enqueue("test.batch_member", "3", after=[dead])
+    assert Job.objects.get(id=too_late).status == "cancelled"
+    assert counts(late.id) == ("finished", "failed", 1, 0, 0, 1, 0)
+    assert cancelled_signals == [waits, too_late]
+
+
+def test_fail_fast_holds_from_a_death_while_the_block_is_open(cancelled_signals):
+    """A member that dies while the block is open cancels the rest at once, and a member enqueued
+    afterwards is cancelled as it joins (the enqueue returns its id); the batch finishes failed
+    when the block ends, on_failure once."""
+    with rws.batch(on_failure=cb("bad"), on_success=cb("ok"), fail_fast=True) as b:
+        b.enqueue("test.batch_member", "fail", max_retries=0, priority=10)
+        assert rws.tick()  # it dies, the block still open
+        waiting = b.enqueue("test.batch_member", "1", run_in=3600)  # (not due: cancelled by the death?)
+        assert Job.objects.get(id=waiting).status == "cancelled"
+        assert counts(b.id) == ("open", None, 2, 0, 1, 1, 0)
+        late = b.enqueue("test.batch_member", "2")
+        assert Job.objects.get(id=late).status == "cancelled"
+    assert drain() == 1  # the callback alone
+    assert counts(b.id) == ("finished", "failed", 3, 0, 1, 2, 0)
+    assert [c["payload"] for c in callbacks()] == ["bad"]
+    assert cancelled_signals == [waiting, late]
+    assert Run.objects.filter(kind="member").count() == 1
+
+
+def test_fail_fast_cancels_members_enqueued_before_a_death_in_the_open_block():
+    with rws.batch(on_failure=cb("bad"), fail_fast=True) as b:
+        b.enqueue("test.batch_member", "fail", max_retries=0, priority=10)
+        rest = b.enqueue("test.batch_member", "1", run_in=3600)
+        assert rws.tick()  # the death, the block still open
+        assert Job.objects.get(id=rest).status == "cancelled"
+        assert counts(b.id) == ("open", None, 2, 0, 1, 1, 0)
+    drain()
+    assert counts(b.id) == ("finished", "failed", 2, 0, 1, 1, 0)
+
+
+def test_retry_failed_on_a_fail_fast_batch_puts_back_what_it_cancelled():
+    """retry_failed puts back the dead members and the members the fail_fast cancelled: the batch
+    can then succeed, and on_failure fired once for the one failure."""
+    with rws.batch(on_failure=cb("bad"), on_success=cb("ok"), fail_fast=True) as b:
+        dead = b.enqueue("test.batch_member", "fail", max_retries=0, priority=10)
+        rest = [b.enqueue("test.batch_member", str(i)) for i in range(3)]
+    other = rws.enqueue("test.batch_member", "outside")
+    assert rws.cancel(other)  # not the fail_fast's: not put back
+    drain()
+    assert counts(b.id) == ("finished", "failed", 4, 0, 1, 3, 0)
+    Job.objects.filter(id=dead).update(payload="fixed")
+    assert rws.get_batch(b.id).retry_failed() == 4
+    assert counts(b.id) == ("sealed", None, 4, 0, 0, 0, 4)
+    drain()
+    assert [c["payload"] for c in callbacks()] == ["bad", "ok"]
+    assert counts(b.id) == ("finished", "succeeded", 4, 4, 0, 0, 0)
+    assert Run.objects.filter(kind="member").count() == 5 and not Job.objects.filter(id__in=rest).exists()
+    assert Job.objects.get(id=other).status == "cancelled"
+
+
+def test_a_member_deleted_while_pending_counts_as_cancelled():
+    """rws.delete() of a pending member records it cancelled: the batch fails, and the sweep
+    (which counts a member with no job row as succeeded: a worker's success whose member row a
+    crash left) has nothing to count."""
+    with rws.batch(on_success=cb("ok"), on_failure=cb("bad")) as b:
+        b.enqueue("test.batch_member", "1")
+        gone = b.enqueue("test.batch_member", "2")
+    assert rws.delete(gone)
+    drain()
+    batch_outcomes.sweep(Store(connections["default"]), 100)
+    drain()
+    assert counts(b.id) == ("finished", "failed", 2, 1, 0, 1, 0)
+    assert [c["payload"] for c in callbacks()] == ["bad"]
+
+
+def test_what_the_dependency_sweep_cancels_finishes_its_batch(cancelled_signals):
+    """A dependency ended by a writer that knows no dependencies (a rust-web-server worker): the
+    keeper's sweep cancels what waits for it, records it in its batch and signals it."""
+    dep = rws.enqueue("test.batch_member", "x")
+    with rws.batch(on_failure=cb("bad")) as b:
+        waits = b.enqueue("test.batch_member", "1", after=[dep])
+    Job.objects.filter(id=dep).update(status="failed")  # no settle: as another writer ends it
+    assert batch_outcomes.sweep_dependencies(Store(connections["default"]), 100) >= 1
+    assert counts(b.id) == ("finished", "failed", 1, 0, 0, 1, 0)
+    assert cancelled_signals == [waits]
+    assert drain() == 1 and [c["payload"] for c in callbacks()] == ["bad"]
+
+
+def test_deleting_a_dependency_cancels_a_waiting_member_and_finishes_its_batch(cancelled_signals):
+    dep = rws.enqueue("test.batch_member", "x")
+    with rws.batch(on_failure=cb("bad")) as b:
+        waits = b.enqueue("test.batch_member", "1", after=[dep])
+    assert rws.delete(dep)
+    assert Job.objects.get(id=waits).status == "cancelled"
+    assert counts(b.id) == ("finished", "failed", 1, 0, 0, 1, 0)
+    assert cancelled_signals == [waits]

@@ -34,6 +34,7 @@ from ..database.validation import text as _text
 from ..database.validation import timeout as _timeout
 from ..models import Job, Status
 from . import dependencies, ids, middleware
+from .batch_outcomes import cancel_if_failing, cancelled_by_dependencies
 from .members import join, open_batch
 from .metadata import metadata_text
 from .registry import registry
@@ -227,8 +228,11 @@ def insert_prepared(
             if job_id == params[0]:  # a unique job already live is neither a member nor blocked
                 if member_of is not None:
                     join(connections[alias], member_of, [job_id])
+                    cancel_if_failing(connections[alias], member_of, [job_id])
                 if deps is not None:
-                    params[10] = dependencies.add(connections[alias], job_id, *deps)
+                    params[10] = dependencies.add(
+                        connections[alias], job_id, *deps, on_cancelled=cancelled_by_dependencies
+                    )
     else:
         job_id = _insert_one(alias, params)
     if params[11] is not None and params[4] <= params[5] and params[10] != "blocked":
@@ -369,13 +373,13 @@ def enqueue_items(
             if ids[index] != row[0]:
                 taken.add(index)
         if member_of is not None:
-            join(
-                conn, member_of, [job_id for i, job_id in enumerate(ids) if i not in taken] if taken else ids
-            )
+            joined = [job_id for i, job_id in enumerate(ids) if i not in taken] if taken else ids
+            join(conn, member_of, joined)
+            cancel_if_failing(conn, member_of, joined)
         for index, deps in waits.items():
             if index not in taken:
                 try:
-                    dependencies.add(conn, ids[index], *deps)
+                    dependencies.add(conn, ids[index], *deps, on_cancelled=cancelled_by_dependencies)
                 except ValueError as exc:  # an id in after= that names nothing
                     raise ValueError(f"job #{first + index}: {exc}") from None
         _wake_local_workers(alias)

@@ -5,9 +5,16 @@ Invariants (docs/explanation/batches.md; tests/test_batches.py):
 - A member's row in ``rws_batch_members`` is deleted when the member succeeds and given an
   outcome (failed, cancelled) when it ends otherwise: set operations, so that writing one twice
   (a job run again after its lease expired, the sweep after a worker) changes nothing.
-- They are written after the job's own outcome has committed (``settle``). A worker that dies
-  between the two leaves the member outstanding with its job ended: ``sweep`` reconciles it from
-  the job's row, which is the truth (no row: it succeeded).
+- They are written after the job's own outcome has committed (``settle``), and only while the
+  job's row still has that outcome (a retry in between keeps the member outstanding). A worker
+  that dies between the two leaves the member outstanding with its job ended: ``sweep``
+  reconciles it from the job's row, which is the truth (no row: it succeeded; ``rws.delete`` of
+  a member that had not ended records it cancelled in its own transaction).
+- Every path that cancels members records them and sends ``job_cancelled`` once committed: a
+  batch's cancel and fail_fast (``cancel_outstanding``, then ``cancelled_by_batch``), and the
+  dependency cascade (dependencies.py hands the ids back: ``settle``,
+  ``cancelled_by_dependencies``). fail_fast holds from the first death, the block open or not
+  (``try_finish``, ``cancel_if_failing``).
 - ``try_finish`` probes for an outstanding member after those commits, so whichever writer ends
   the last member sees none. The finish itself is a compare-and-set of the batch row from
   ``sealed`` to ``finished`` on its generation, with the callbacks inserted in the same
@@ -24,12 +31,17 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from django.db import Error as DatabaseError
+from django.db import transaction
 
+from ..database import clock
+from ..database.backends.base import is_registered
 from ..database.backends.claimed import Claimed
 from ..database.backends.inserts import INSERT_COLUMNS, INSERT_SQL, batches
 from ..database.backends.statements import placeholders
 from ..database.connections import is_transient
 from ..flow.concurrency_keys import promote
+from ..models import Job
+from ..signals import send_cancelled
 from . import dependencies, ids
 
 logger = logging.getLogger("django_rws_jobs")
@@ -41,8 +53,10 @@ ROW_ID, ROW_DUE, ROW_CREATED, ROW_KEY, ROW_BATCH, ROW_EVENT, ROW_METADATA = 0, 4
 ROW_LENGTH = len(INSERT_COLUMNS)
 #: Member rows the sweep looks at in one statement.
 SWEEP_LIMIT = 500
-#: What a member cancelled by its fail_fast batch carries as its error.
+#: What a member cancelled by its fail_fast batch carries as its error, and as who cancelled it
+#: (``retry_failed`` puts those back).
 FAIL_FAST_MESSAGE = "cancelled: another member of its batch (fail_fast) moved to the dead-letter list"
+FAIL_FAST_BY = "fail_fast"
 #: Ids in one IN list.
 CHUNK = 500
 
@@ -50,41 +64,58 @@ CHUNK = 500
 def settle(store: Any, ended: Iterable[tuple[Claimed, str]], now: int) -> int:
     """Write what became of the members among ``ended`` (a job with what ``record`` returned:
     "done", "dead", "cancelled"; others change nothing), then finish their batches where nothing
-    is left, and resolve what waits for them. Returns how many batches finished plus how many
+    is left, and resolve what waits for them: the jobs that cancels are recorded in their batches
+    too, and ``job_cancelled`` is sent for each. Returns how many batches finished plus how many
     waiting jobs were released or cancelled (a worker wakes its dispatcher when any).
 
     A success knows its batch from its deletion (``Claimed.batch_id``); a death or a cancel, rare,
     is looked up in the member rows. Jobs that succeeded outside batches, with no dependents,
     cost nothing here."""
     ended = list(ended)
-    resolved = _settle_dependents(store, ended)
-    done = [job for job, result in ended if result == "done" and job.batch_id is not None]
-    ended_as = {
-        "failed": [job.id for job, result in ended if result == "dead"],
-        "cancelled": [job.id for job, result in ended if result == "cancelled"],
-    }
-    touched: dict[str, bool] = {job.batch_id: False for job in done if job.batch_id is not None}
-    if not done and not ended_as["failed"] and not ended_as["cancelled"]:
+    cascade: list[str] = []
+    resolved = _settle_dependents(store, ended, cascade)
+    done = [(job.id, job.batch_id) for job, result in ended if result == "done" and job.batch_id is not None]
+    dead = [job.id for job, result in ended if result == "dead"]
+    cancelled = [job.id for job, result in ended if result == "cancelled"]
+    if not done and not dead and not cancelled and not cascade:
         return resolved
+    finished = record_members(store, done, dead, cancelled + cascade, now)
+    if cascade:
+        send_cancelled_signals(store, cascade)
+    return resolved + finished
+
+
+def record_members(
+    store: Any, done: Sequence[tuple[str, str]], dead: Sequence[str], cancelled: Sequence[str], now: int
+) -> int:
+    """Write the member rows of jobs that ended (succeeded, with their batches: deleted; died:
+    failed; cancelled), then finish their batches where nothing is left; how many finished.
+
+    Each write applies only while the job's row still says so (no row for a success, ``failed``,
+    ``cancelled``): a retry that put the job back before this write keeps its member outstanding
+    (tests/test_batches.py::test_a_death_settled_after_a_retry_leaves_the_member_outstanding)."""
+    touched: dict[str, bool] = {batch_id: False for _, batch_id in done}
     with store.writes, store.cursor() as c:
-        for part in batches(iter([job.id for job in done]), CHUNK):
+        for part in batches((job_id for job_id, _ in done), CHUNK):
+            marks = placeholders(len(part))
             c.execute(
-                f"DELETE FROM rws_batch_members WHERE job_id IN ({placeholders(len(part))})", list(part)
+                f"DELETE FROM rws_batch_members WHERE job_id IN ({marks}) AND NOT EXISTS "
+                "(SELECT 1 FROM rws_jobs j WHERE j.id = rws_batch_members.job_id)",
+                list(part),
             )
-        for outcome, job_ids in ended_as.items():
+        for outcome, status, job_ids in (("failed", "failed", dead), ("cancelled", "cancelled", cancelled)):
             for part in batches(iter(job_ids), CHUNK):
-                c.execute(
-                    f"SELECT batch_id FROM rws_batch_members WHERE job_id IN ({placeholders(len(part))})",
-                    list(part),
-                )
+                marks = placeholders(len(part))
+                c.execute(f"SELECT batch_id FROM rws_batch_members WHERE job_id IN ({marks})", list(part))
                 for (batch_id,) in c.fetchall():
                     touched[batch_id] = touched.get(batch_id, False) or outcome == "failed"
                 c.execute(
-                    f"UPDATE rws_batch_members SET outcome = %s WHERE job_id IN ({placeholders(len(part))}) "
-                    "AND outcome IS NULL",
-                    [outcome, *part],
+                    f"UPDATE rws_batch_members SET outcome = %s WHERE job_id IN ({marks}) "
+                    "AND outcome IS NULL AND EXISTS (SELECT 1 FROM rws_jobs j "
+                    "WHERE j.id = rws_batch_members.job_id AND j.status = %s)",
+                    [outcome, *part, status],
                 )
-    return resolved + finish_each(store, touched.items(), now)
+    return finish_each(store, touched.items(), now)
 
 
 def finish_each(store: Any, batch_ids: Iterable[tuple[str, bool]], now: int) -> int:
@@ -104,18 +135,98 @@ def finish_each(store: Any, batch_ids: Iterable[tuple[str, bool]], now: int) -> 
     return finished
 
 
-def _settle_dependents(store: Any, ended: list[tuple[Claimed, str]]) -> int:
+def _settle_dependents(store: Any, ended: list[tuple[Claimed, str]], cascade: list[str]) -> int:
     """What waits for the jobs among ``ended`` (dependencies.py): a success resolves the
     dependents of a job that has any (its flag, as its deletion read it); a death
-    or a cancel is looked up whatever the flag says (rare, and the flag may be older)."""
+    or a cancel is looked up whatever the flag says (rare, and the flag may be older). The jobs
+    that cancels are added to ``cascade``."""
     succeeded = [job.id for job, result in ended if result == "done" and job.has_dependents]
     failed = [job.id for job, result in ended if result in ("dead", "cancelled")]
     resolved = 0
     if succeeded:
-        resolved += dependencies.ended(store, succeeded, "succeeded")
+        resolved += dependencies.ended(store, succeeded, "succeeded", cascade)
     if failed:
-        resolved += dependencies.ended(store, failed, "failed")
+        resolved += dependencies.ended(store, failed, "failed", cascade)
     return resolved
+
+
+def cancelled_by_dependencies(store: Any, job_ids: list[str]) -> int:
+    """Jobs the dependency resolution cancelled (dependencies.add's ``on_cancelled``; what waits
+    for them resolved already): record them in their batches, finish those, send job_cancelled."""
+    finished = record_members(store, (), (), job_ids, _now(store))
+    send_cancelled_signals(store, job_ids)
+    return finished
+
+
+def cancelled_by_batch(store: Any, job_ids: list[str], now: int) -> int:
+    """Members their batch cancelled (``cancel_outstanding``, committed): resolve what waits for
+    them, record what that cancels, and send job_cancelled for all of them."""
+    cascade: list[str] = []
+    resolved = 0
+    if job_ids:
+        resolved = dependencies.ended(store, job_ids, "failed", cascade)
+    if cascade:
+        resolved += record_members(store, (), (), cascade, now)
+    send_cancelled_signals(store, [*job_ids, *cascade])
+    return resolved
+
+
+def sweep_dependencies(store: Any, now: int) -> int:
+    """The keeper's ``dependencies.sweep``, with what it cancels recorded in their batches and
+    signalled (tests/test_batches.py::test_what_the_dependency_sweep_cancels_finishes_its_batch)."""
+    cancelled: list[str] = []
+    changed = dependencies.sweep(store, now, cancelled=cancelled)
+    if cancelled:
+        cancelled_by_dependencies(store, cancelled)
+    return changed
+
+
+def send_cancelled_signals(store: Any, job_ids: Sequence[str]) -> None:
+    """Send job_cancelled for each of ``job_ids`` that is cancelled, as its row is now; after the
+    caller's transaction commits when the store is the caller's own connection (``tick()``)."""
+    if not job_ids:
+        return
+    jobs = _read_jobs(store, job_ids, "cancelled")
+
+    def send() -> None:
+        for job in jobs:
+            send_cancelled(job)
+
+    if is_registered(store.conn):
+        transaction.on_commit(send, using=store.conn.alias)
+    else:
+        send()
+
+
+def _read_jobs(store: Any, job_ids: Sequence[str], status: str) -> list[Job]:
+    """The rows of ``job_ids`` that have ``status``, read on the store's own connection (a
+    worker's is not Django's) and converted as the ORM converts them."""
+    conn = store.conn
+    fields = Job._meta.concrete_fields
+    converters = [
+        (f, conn.ops.get_db_converters(f.get_col(Job._meta.db_table)) + f.get_db_converters(conn))
+        for f in fields
+    ]
+    columns = ", ".join(conn.ops.quote_name(f.column) for f in fields)
+    jobs = []
+    with store.cursor() as c:
+        for part in batches(iter(job_ids), CHUNK):
+            c.execute(
+                f"SELECT {columns} FROM rws_jobs WHERE id IN ({placeholders(len(part))}) AND status = %s",
+                [*part, status],
+            )
+            for row in c.fetchall():
+                values = []
+                for (field, convert), value in zip(converters, row, strict=True):
+                    for converter in convert:
+                        value = converter(value, field.get_col(Job._meta.db_table), conn)
+                    values.append(value)
+                jobs.append(Job.from_db(conn.alias, [f.attname for f in fields], values))
+    return jobs
+
+
+def _now(store: Any) -> int:
+    return int(clock.now(store.conn.alias))
 
 
 def try_finish(
@@ -133,11 +244,17 @@ def try_finish(
     with store.cursor() as c:
         c.execute("SELECT state, generation, fail_fast, callbacks FROM rws_batches WHERE id = %s", [batch_id])
         row = c.fetchone()
-    if row is None or row[0] != "sealed":
+    if row is None or row[0] not in ("open", "sealed"):
         return False
-    _, generation, fail_fast, callbacks = row
+    state, generation, fail_fast, callbacks = row
     if fail_fast and check_fail_fast and _any_died(store, batch_id):
-        cancel_outstanding(store, batch_id, now, FAIL_FAST_MESSAGE)
+        # From the first death, the block still open or not
+        # (tests/test_batches.py::test_fail_fast_holds_from_a_death_while_the_block_is_open).
+        cancelled_by_batch(
+            store, cancel_outstanding(store, batch_id, now, FAIL_FAST_MESSAGE, FAIL_FAST_BY), now
+        )
+    if state != "sealed":
+        return False
     with store.cursor() as c:
         c.execute(
             "SELECT 1 FROM rws_batch_members WHERE batch_id = %s AND outcome IS NULL LIMIT 1", [batch_id]
@@ -163,11 +280,24 @@ def try_finish(
         for params in rows:
             c.execute(INSERT_SQL, params)
     logger.info("batch %s finished: %s; %d callback(s) enqueued", batch_id, outcome, len(rows))
-    dependencies.ended(store, [batch_id], outcome)
+    cascade: list[str] = []
+    dependencies.ended(store, [batch_id], outcome, cascade)
+    if cascade:
+        cancelled_by_dependencies(store, cascade)
     keys = [params[ROW_KEY] for params in rows if params[ROW_KEY] is not None]
     if keys:
         promote(store, keys, now)
     return True
+
+
+def after_cancel(store: Any, batch_id: str, job_ids: list[str], now: int) -> None:
+    """A batch was cancelled (committed) with ``job_ids`` of its members: what waits for them and
+    for the batch (it failed) is resolved, and job_cancelled sent for all that cancelled."""
+    cancelled_by_batch(store, job_ids, now)
+    cascade: list[str] = []
+    dependencies.ended(store, [batch_id], "failed", cascade)
+    if cascade:
+        cancelled_by_dependencies(store, cascade)
 
 
 def _any_died(store: Any, batch_id: str) -> bool:
@@ -206,25 +336,37 @@ def fresh_row(stored: Sequence[Any], now: int) -> list[Any]:
     return params
 
 
-def cancel_outstanding(store: Any, batch_id: str, now: int, error: str, by: str | None = None) -> int:
-    """Cancel the members of ``batch_id`` that have not ended: pending and waiting ones at once,
-    running ones asked (their workers end them cancelled). Returns how many were cancelled at
-    once; the keys whose slots they held get their next jobs promoted."""
+def cancel_outstanding(store: Any, batch_id: str, now: int, error: str, by: str | None = None) -> list[str]:
+    """Cancel the members of ``batch_id`` that have not ended: pending, waiting and blocked ones
+    at once, with their member rows; running ones asked (their workers end them cancelled).
+    Returns the ids cancelled at once: once this commits, pass them to ``cancelled_by_batch``
+    (what waits for them, job_cancelled). The keys whose slots they held get their next jobs
+    promoted (tests/test_batches.py::test_a_cancel_also_cancels_blocked_members)."""
     outstanding = "SELECT job_id FROM rws_batch_members WHERE batch_id = %s AND outcome IS NULL"
     with store.writes, store.atomic(), store.cursor() as c:
         c.execute(
-            "SELECT DISTINCT concurrency_key FROM rws_jobs WHERE id IN (" + outstanding + ") "
-            "AND status = 'pending' AND concurrency_slot IS NOT NULL",
+            "SELECT id, concurrency_key, concurrency_slot FROM rws_jobs WHERE id IN (" + outstanding + ") "
+            "AND status IN ('pending', 'waiting', 'blocked')",
             [batch_id],
         )
-        keys = [row[0] for row in c.fetchall()]
-        c.execute(
-            "UPDATE rws_jobs SET status = 'cancelled', cancelled_at = %s, cancelled_by = %s, "
-            "last_error = %s, unique_hash = NULL, concurrency_slot = NULL WHERE id IN (" + outstanding + ") "
-            "AND status IN ('pending', 'waiting')",
-            [now, by, error, batch_id],
-        )
-        cancelled = c.rowcount
+        rows = c.fetchall()
+        keys = sorted({key for _, key, slot in rows if key is not None and slot is not None})
+        ids = [row[0] for row in rows]
+        cancelled: list[str] = []
+        for part in batches(iter(ids), CHUNK):
+            marks = placeholders(len(part))
+            c.execute(
+                "UPDATE rws_jobs SET status = 'cancelled', cancelled_at = %s, cancelled_by = %s, "
+                "last_error = %s, unique_hash = NULL, concurrency_slot = NULL "
+                f"WHERE id IN ({marks}) AND status IN ('pending', 'waiting', 'blocked')",
+                [now, by, error, *part],
+            )
+            c.execute(  # (what this statement cancelled: a row cancelled otherwise has another error)
+                f"SELECT id FROM rws_jobs WHERE id IN ({marks}) AND status = 'cancelled' "
+                "AND cancelled_at = %s AND last_error = %s",
+                [*part, now, error],
+            )
+            cancelled += [row[0] for row in c.fetchall()]
         c.execute(
             "UPDATE rws_jobs SET cancel_requested_at = %s, cancelled_by = %s, unique_hash = NULL "
             "WHERE id IN (" + outstanding + ") AND status = 'running' AND cancel_requested_at IS NULL",
@@ -239,8 +381,83 @@ def cancel_outstanding(store: Any, batch_id: str, now: int, error: str, by: str 
     if keys:
         promote(store, keys, now)
     if cancelled:
-        logger.warning("batch %s: %d member(s) cancelled", batch_id, cancelled)
+        logger.warning("batch %s: %d member(s) cancelled", batch_id, len(cancelled))
     return cancelled
+
+
+def cancel_if_failing(conn: Any, batch_id: str, job_ids: list[str]) -> None:
+    """Members joining an open fail_fast batch that has a dead member already are cancelled at
+    once, in the enqueue's transaction (their member rows too), and job_cancelled is sent for
+    them after it commits: fail_fast holds from the first death, and the enqueue still returns
+    their ids (tests/test_batches.py::test_fail_fast_holds_from_a_death_while_the_block_is_open)."""
+    if not job_ids:
+        return
+    with conn.cursor() as c:
+        c.execute(
+            "SELECT 1 FROM rws_batches b WHERE b.id = %s AND b.fail_fast = %s AND EXISTS (SELECT 1 FROM "
+            "rws_batch_members m WHERE m.batch_id = b.id AND m.outcome = 'failed')",
+            [batch_id, True],
+        )
+        if c.fetchone() is None:
+            return
+        now = int(clock.now(conn.alias))
+        for part in batches(iter(job_ids), CHUNK):
+            marks = placeholders(len(part))
+            c.execute(
+                "UPDATE rws_jobs SET status = 'cancelled', cancelled_at = %s, cancelled_by = %s, "
+                "last_error = %s, unique_hash = NULL, concurrency_slot = NULL "
+                f"WHERE id IN ({marks}) AND status IN ('pending', 'waiting', 'blocked')",
+                [now, FAIL_FAST_BY, FAIL_FAST_MESSAGE, *part],
+            )
+            c.execute(
+                f"UPDATE rws_batch_members SET outcome = 'cancelled' WHERE job_id IN ({marks}) "
+                "AND outcome IS NULL",
+                list(part),
+            )
+    logger.warning("batch %s: %d member(s) cancelled as they joined (fail_fast)", batch_id, len(job_ids))
+    alias = conn.alias
+    ids_ = list(job_ids)
+    transaction.on_commit(lambda: _signal_joined(alias, ids_), using=alias)
+
+
+def _signal_joined(alias: str, job_ids: list[str]) -> None:
+    for job in Job.objects.using(alias).filter(id__in=job_ids, status="cancelled"):
+        send_cancelled(job)
+
+
+def record_deleted(store: Any, job_ids: Sequence[str]) -> None:
+    """Jobs among ``job_ids`` were deleted, in this transaction, by an operator (``rws.delete``):
+    a member that had not ended counts as cancelled, and its batch finishes after the commit.
+    Only a worker's success deletes a member's job row otherwise, and the sweep counts a member
+    left outstanding with no job row as that success
+    (tests/test_batches.py::test_a_member_deleted_while_pending_counts_as_cancelled)."""
+    touched: list[str] = []
+    with store.cursor() as c:
+        for part in batches(iter(job_ids), CHUNK):
+            marks = placeholders(len(part))
+            c.execute(
+                f"SELECT DISTINCT batch_id FROM rws_batch_members WHERE job_id IN ({marks}) "
+                "AND outcome IS NULL",
+                list(part),
+            )
+            touched += [row[0] for row in c.fetchall()]
+            c.execute(
+                f"UPDATE rws_batch_members SET outcome = 'cancelled' WHERE job_id IN ({marks}) "
+                "AND outcome IS NULL AND NOT EXISTS "
+                "(SELECT 1 FROM rws_jobs j WHERE j.id = rws_batch_members.job_id)",
+                list(part),
+            )
+    if touched:
+        alias = store.conn.alias
+
+        def finish() -> None:
+            try:
+                for batch_id in touched:
+                    try_finish(store, batch_id, _now(store))
+            except Exception:
+                logger.exception("could not finish the batches of deleted members: the sweep will")
+
+        transaction.on_commit(finish, using=alias)
 
 
 def reopen_members(store: Any, job_ids: Sequence[str]) -> int:

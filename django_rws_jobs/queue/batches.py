@@ -7,13 +7,15 @@ A batch is a set of jobs (its members) and the callbacks enqueued when every mem
 joins it: each job, its member row and the batch's ``total`` go in one transaction (api.py).
 Members commit as any enqueue does and may run while the block is open; leaving the block seals
 the batch, and only a sealed batch finishes. An exception in the block cancels the batch and its
-members. How the finish stays once per finish through crashes: batch_outcomes.py.
+members that have not ended, blocked ones included. How the finish stays once per finish through
+crashes: batch_outcomes.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
@@ -29,10 +31,12 @@ from ..database.validation import show
 from ..database.validation import text as _text
 from ..exceptions import cancel_message
 from ..models import BatchMember, BatchRecord, BatchState, Job
-from . import dependencies, ids, outputs
-from .batch_outcomes import cancel_outstanding, try_finish
+from . import ids, outputs
+from .batch_outcomes import FAIL_FAST_BY, after_cancel, cancel_outstanding, try_finish
 from .members import BatchClosed, open_batch
 from .metadata import metadata_text
+
+logger = logging.getLogger("django_rws_jobs")
 
 #: The enqueue options a job_type's callback takes (``unique`` is not one: a callback is
 #: enqueued once per finish already).
@@ -182,9 +186,13 @@ def _finish_now(alias: str, batch_id: str) -> None:
 
 
 def _cancel(alias: str, batch_id: str, error: str, by: str | None = None) -> bool:
+    """Cancel the batch and its members that have not ended (blocked ones too); once that
+    commits, resolve what waits for them and for the batch, and send job_cancelled for each
+    (tests/test_batches.py::test_a_cancel_also_cancels_blocked_members)."""
     from .store import Store
 
     now = int(clock.now(alias))
+    cancelled: list[str] = []
     with transaction.atomic(using=alias):
         changed = (
             BatchRecord.objects.using(alias)
@@ -192,10 +200,20 @@ def _cancel(alias: str, batch_id: str, error: str, by: str | None = None) -> boo
             .update(state=BatchState.CANCELLED, finished_at=now)
         )
         if changed:
-            cancel_outstanding(Store(connections[alias]), batch_id, now, error, by)
-    if changed:  # what waits for the batch: it failed
-        transaction.on_commit(lambda: dependencies.recheck_batch(alias, batch_id), using=alias)
+            cancelled = cancel_outstanding(Store(connections[alias]), batch_id, now, error, by)
+    if changed:
+        transaction.on_commit(lambda: _after_cancel(alias, batch_id, cancelled, now), using=alias)
     return bool(changed)
+
+
+def _after_cancel(alias: str, batch_id: str, cancelled: list[str], now: int) -> None:
+    """The cancel committed: a failure here is logged and left to the workers' sweeps."""
+    from .store import Store
+
+    try:
+        after_cancel(Store(connections[alias]), batch_id, cancelled, now)
+    except Exception:
+        logger.exception("batch %s cancelled; resolving what waits for it failed: the sweeps will", batch_id)
 
 
 @dataclasses.dataclass
@@ -233,17 +251,30 @@ class Batch:
         )
 
     def retry_failed(self) -> int:
-        """Put the members that died back in the queue; the batch finishes again once they end
-        (``on_success`` then, if they all succeed). Returns how many were put back."""
-        from .dead_letters import retry_many
+        """Put the members that died back in the queue, and in a ``fail_fast`` batch the members
+        its fail_fast cancelled; the batch finishes again once they end (``on_success`` then, if
+        they all succeed). Returns how many were put back
+        (tests/test_batches.py::test_retry_failed_on_a_fail_fast_batch_puts_back_what_it_cancelled)."""
+        from .dead_letters import retry, retry_many
 
-        failed = list(
-            BatchMember.objects.using(self.using)
-            .filter(batch_id=self.id, outcome="failed")
-            .values_list("job_id", flat=True)
-        )
-        retried, _ = retry_many(failed, using=self.using)
-        return len(retried)
+        members = BatchMember.objects.using(self.using).filter(batch_id=self.id)
+        # One commit for all: a member put back cannot end the batch before its siblings are back.
+        with transaction.atomic(using=self.using):
+            failed = list(members.filter(outcome="failed").values_list("job_id", flat=True))
+            retried, _ = retry_many(failed, using=self.using)
+            put_back = len(retried)
+            if self.fail_fast:
+                for job_id in (
+                    Job.objects.using(self.using)
+                    .filter(
+                        id__in=members.filter(outcome="cancelled").values("job_id"),
+                        status="cancelled",
+                        cancelled_by=FAIL_FAST_BY,
+                    )
+                    .values_list("id", flat=True)
+                ):
+                    put_back += retry(job_id, using=self.using)
+        return put_back
 
     def failed_jobs(self) -> QuerySet[Job]:
         """The members that died (in the dead-letter list), as a queryset."""

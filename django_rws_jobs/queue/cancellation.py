@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from django.db import transaction
 
 from ..database import clock
@@ -24,7 +23,7 @@ from ..database.validation import job_id as _job_id
 from ..database.validation import text as _text
 from ..exceptions import cancel_message
 from ..models import Job, Status
-from ..signals import job_cancelled
+from ..signals import send_cancelled
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -119,16 +118,6 @@ def _settle(job: Job, alias: str) -> None:
         logger.exception(
             "job %s cancelled; resolving what it belongs to failed: a worker's sweep will", job.id
         )
-
-
-def send_cancelled(job: Any) -> None:
-    """Send job_cancelled to each receiver in turn; what a receiver raises is logged."""
-    sync_receivers, async_receivers = job_cancelled._live_receivers(type(job))
-    for receiver in [*sync_receivers, *(async_to_sync(r) for r in async_receivers)]:
-        try:
-            receiver(signal=job_cancelled, sender=type(job), job=job)
-        except BaseException:
-            logger.exception("job_cancelled receiver %r raised for job %s", receiver, job.id)
 
 
 def prune_cancelled(store: Any, now: int, retention: float) -> int:

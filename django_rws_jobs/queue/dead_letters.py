@@ -18,7 +18,7 @@ from ..database.validation import job_id as _job_id
 from ..models import Job, Status
 from . import dependencies
 from .api import unique_hash
-from .batch_outcomes import reopen_members
+from .batch_outcomes import cancelled_by_dependencies, record_deleted, reopen_members
 from .store import Store
 
 #: The statuses retry() takes back: the dead-letter list and cancelled jobs.
@@ -82,13 +82,19 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
 
 def delete(job_id: str, *, using: str | None = None) -> bool:
     """Delete a job that is not running. False when there is no such job. What waits for it
-    has a failure (dependencies.deleted)."""
+    has a failure (dependencies.deleted); a batch member deleted before it ended counts as
+    cancelled in its batch (batch_outcomes.record_deleted)."""
     job_id = _job_id(job_id)
     alias = queue_alias(using)
+    cancelled: list[str] = []
+    store = Store(connections[alias])
     with transaction.atomic(using=alias):
         done = delete_where(_by_id(alias, job_id).exclude(status=Status.RUNNING)) > 0
         if done:
-            dependencies.deleted(Store(connections[alias]), [job_id])
+            dependencies.deleted(store, [job_id], cancelled)
+            record_deleted(store, [job_id])
+    if cancelled:  # (committed: no transaction surrounds the call, or on_commit waits for it)
+        transaction.on_commit(lambda: cancelled_by_dependencies(store, cancelled), using=alias)
     return done
 
 

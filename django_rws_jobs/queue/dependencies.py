@@ -393,18 +393,6 @@ def recheck(
         )
 
 
-def recheck_batch(alias: str, batch_id: str) -> None:
-    """A batch was cancelled: what waits for it has a failed dependency."""
-    from .store import Store
-
-    try:
-        ended(Store(connections[alias]), [batch_id], "failed")
-    except Exception:
-        logger.exception(
-            "could not resolve the jobs waiting for cancelled batch %s; the sweep will", batch_id
-        )
-
-
 def sweep(
     store: Any,
     now: int,

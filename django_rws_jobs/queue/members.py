@@ -20,7 +20,8 @@ class BatchClosed(RuntimeError):
 def join(conn: Any, batch_id: str, job_ids: list[str]) -> None:
     """Make ``job_ids`` (inserted in this transaction) members of ``batch_id``: its total first,
     which holds the batch row until the caller commits, so that a seal or a cancel cannot come
-    between; BatchClosed if it is no longer open."""
+    between; BatchClosed if it is no longer open. The caller then calls
+    batch_outcomes.cancel_if_failing (a fail_fast batch with a dead member cancels them)."""
     if not job_ids:
         return
     with conn.cursor() as c:

@@ -113,7 +113,7 @@ class LeaseKeeper:
                 lambda: prune_cancelled(store, now, float(jobs_settings.CANCELLED_RETENTION)),
             ),
             ("sweeping batches", lambda: batch_outcomes.sweep(store, now)),
-            ("sweeping dependencies", lambda: dependencies.sweep(store, now)),
+            ("sweeping dependencies", lambda: batch_outcomes.sweep_dependencies(store, now)),
             ("pruning dependency rows", prune_edges),
             ("pruning batches", lambda: batch_outcomes.prune(store, now, batch_retention)),
             ("pruning metrics", lambda: metrics.prune(store, now - int(jobs_settings.METRICS_RETENTION))),
