@@ -761,3 +761,17 @@ def test_deleting_a_dependency_cancels_a_waiting_member_and_finishes_its_batch(c
     assert Job.objects.get(id=waits).status == "cancelled"
     assert counts(b.id) == ("finished", "failed", 1, 0, 0, 1, 0)
     assert cancelled_signals == [waits]
+
+
+def test_the_admins_delete_of_a_dead_dependency_finishes_a_waiting_members_batch(cancelled_signals):
+    from django_rws_jobs.queue import dead_letters
+
+    dep = rws.enqueue("test.batch_member", "fail", max_retries=0)
+    drain()
+    with rws.batch(on_failure=cb("bad")) as b:
+        waits = b.enqueue("test.batch_member", "1", after=[dep], on_dependency_failure="wait")
+    assert dead_letters.delete_where(Job.objects.filter(id=dep, status="failed")) == 1  # as the admin
+    dead_letters.after_delete("default", [dep])
+    assert Job.objects.get(id=waits).status == "cancelled"
+    assert counts(b.id) == ("finished", "failed", 1, 0, 0, 1, 0)
+    assert cancelled_signals == [waits]

@@ -100,9 +100,14 @@ def delete(job_id: str, *, using: str | None = None) -> bool:
 
 def after_delete(alias: str, job_ids: list[str]) -> None:
     """Jobs ``job_ids`` were deleted just now (the admin's deletes, by ``delete_where``): what
-    waits for them has a failure (dependencies.deleted)."""
+    waits for them has a failure (dependencies.deleted), and what that cancels is recorded in
+    its batches and signalled (batch_outcomes.cancelled_by_dependencies)."""
     if job_ids:
-        dependencies.deleted(Store(connections[alias]), job_ids)
+        store = Store(connections[alias])
+        cancelled: list[str] = []
+        dependencies.deleted(store, job_ids, cancelled)
+        if cancelled:
+            cancelled_by_dependencies(store, cancelled)
 
 
 def _free_failed_holders(alias: str, digests: list[str]) -> None:
