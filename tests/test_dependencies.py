@@ -11,7 +11,7 @@ from django.db import connection, connections, transaction
 import django_rws_jobs as rws
 from django_rws_jobs.database.connections import private_connection
 from django_rws_jobs.models import Dependency, Job
-from django_rws_jobs.queue import dependencies
+from django_rws_jobs.queue import batch_outcomes, dependencies
 from django_rws_jobs.queue.dead_letters import retry_many
 from django_rws_jobs.queue.store import Store
 from tests.conftest import drain
@@ -137,10 +137,13 @@ def test_a_job_waiting_for_a_dead_job_is_released_by_its_retry(runs):
     connection.vendor == "sqlite", reason="SQLite: an open write transaction holds the whole file"
 )
 def test_an_open_enqueue_after_a_running_job_does_not_hold_its_worker():
-    """A caller's transaction that enqueued after=[x] while x runs stays open: x's worker still
-    renews its lease and finishes x at once (no lock of the enqueue's to wait for), and the
-    enqueue's recheck after the commit catches that x ended meanwhile."""
+    """A caller's transaction that enqueued after=[x, y] while they run stays open: their worker
+    still renews its leases, finishes x, moves y to the dead-letter list and resolves what
+    waited for them before (the rows the open transaction inserted are not in its way), and the
+    enqueue's recheck after the commit catches that x and y ended meanwhile."""
     x = rws.enqueue("test.record", "x")
+    y = rws.enqueue("test.fail", "y")
+    earlier = rws.enqueue("test.record", "earlier", after=[x])  # committed: x's flag is set
     worker = private_connection("default")
     try:
         store = Store(worker)
@@ -151,15 +154,17 @@ def test_an_open_enqueue_after_a_running_job_does_not_hold_its_worker():
                 else "SET SESSION innodb_lock_wait_timeout = 1"
             )
         now = int(time.time())
-        (claimed,) = store.claim("w#1", now, now + 60, None, 1)
-        assert claimed.id == x
+        claimed = {job.id: job for job in store.claim("w#1", now, now + 60, None, 2)}
+        assert set(claimed) == {x, y}
         with transaction.atomic():
-            job = rws.enqueue("test.record", "after", after=[x])
+            job = rws.enqueue("test.record", "after", after=[x, y])
             assert status(job) == "blocked"
-            assert store.renew(["w#1"], now + 120) == 1  # raised a lock timeout before
-            assert store.complete(claimed)
-            assert not claimed.has_dependents  # the flag comes after the caller's commit
-        assert status(x) is None and status(job) == "pending"
+            assert store.renew(["w#1"], now + 120) == 2  # raised a lock timeout before
+            assert store.complete(claimed[x]) and claimed[x].has_dependents
+            assert store.move_to_dead_letters(claimed[y], 1, "boom", None, now)
+            batch_outcomes.settle(store, [(claimed[x], "done"), (claimed[y], "dead")], now)
+            assert status(earlier) == "pending"  # (the worker's commit, seen from here)
+        assert status(x) is None and status(y) == "failed" and status(job) == "cancelled"
     finally:
         worker.close()
 

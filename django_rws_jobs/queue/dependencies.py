@@ -273,17 +273,18 @@ def decide(edges: Iterable[tuple[str, str | None]]) -> str:
 CANCELLED_ERROR = 'cancelled: a job or batch it waits for failed (on_dependency_failure="cancel")'
 
 
-def _set_status(c: Any, job_ids: Sequence[str], status: str, now: int) -> int:
-    """Release (pending, or waiting with a concurrency key) or cancel blocked jobs."""
+def _set_status(c: Any, job_ids: Sequence[str], status: str, now: int, hint: str = "") -> int:
+    """Release (pending, or waiting with a concurrency key) or cancel blocked jobs. ``hint``: the
+    backend's primary_key_hint, for a worker's write (see ``ended``)."""
     if status == "cancelled":
         c.execute(
-            "UPDATE rws_jobs SET status = 'cancelled', cancelled_at = %s, unique_hash = NULL, "
+            f"UPDATE rws_jobs{hint} SET status = 'cancelled', cancelled_at = %s, unique_hash = NULL, "
             f"last_error = %s WHERE id IN ({placeholders(len(job_ids))}) AND status = 'blocked'",
             [now, CANCELLED_ERROR, *job_ids],
         )
     else:
         c.execute(
-            "UPDATE rws_jobs SET status = "
+            f"UPDATE rws_jobs{hint} SET status = "
             "CASE WHEN concurrency_key IS NULL THEN 'pending' ELSE 'waiting' END "
             f"WHERE id IN ({placeholders(len(job_ids))}) AND status = 'blocked'",
             list(job_ids),
@@ -291,12 +292,11 @@ def _set_status(c: Any, job_ids: Sequence[str], status: str, now: int) -> int:
     return int(c.rowcount)
 
 
-#: Release the blocked jobs that wait for any of the given ids and for nothing else that has not
-#: succeeded (or failed, where the policy runs them anyway): one statement, the common case of a
-#: success (ended).
+#: Release the blocked jobs among the given ids that wait for nothing else that has not
+#: succeeded (or failed, where the policy runs them anyway): the common case of a success (ended).
 RELEASE_SQL = (
-    "UPDATE rws_jobs SET status = CASE WHEN concurrency_key IS NULL THEN 'pending' ELSE 'waiting' END "
-    "WHERE status = 'blocked' AND id IN (SELECT job_id FROM rws_job_dependencies WHERE depends_on IN ({})) "
+    "UPDATE rws_jobs{} SET status = CASE WHEN concurrency_key IS NULL THEN 'pending' ELSE 'waiting' END "
+    "WHERE id IN ({}) AND status = 'blocked' "
     "AND NOT EXISTS (SELECT 1 FROM rws_job_dependencies d WHERE d.job_id = rws_jobs.id "
     "AND (d.outcome IS NULL OR (d.outcome = 'failed' AND d.policy <> 'run')))"
 )
@@ -306,30 +306,45 @@ def ended(store: Any, depends_on: Sequence[str], outcome: str, cancelled: list[s
     """``depends_on`` (jobs or batches) ended with ``outcome``: set it on what waits for them and
     resolve those jobs, cascading cancels; the ids cancelled are added to ``cancelled``. Returns
     how many jobs were released or cancelled.
-    A success costs two statements (the outcome, then RELEASE_SQL); a failure reads the waiting
-    jobs' dependencies to apply their policies."""
+
+    A success costs three statements: a plain read of the jobs that wait, then the outcome and
+    RELEASE_SQL, each by those jobs' keys; a failure reads the waiting jobs' dependencies to apply
+    their policies. No write looks rows up by what they wait for: that would walk into the rows an
+    enqueue inserted and has not committed, and MariaDB would hold this worker's outcomes until
+    the enqueue's caller commits (tests/test_dependencies.py::
+    test_an_open_enqueue_after_a_running_job_does_not_hold_its_worker). An edge committed after
+    the read is the enqueue's ``recheck``'s to resolve."""
     changed = 0
     pending = [(list(depends_on), outcome)]
+    hint = store.backend.primary_key_hint()
     while pending:
         ids, result = pending.pop()
-        for part in batches(iter(ids), CHUNK):
-            with store.writes, store.cursor() as c:
-                marks = placeholders(len(part))
+        for part in batches(iter(ids), CHUNK // 2):
+            marks = placeholders(len(part))
+            with store.cursor() as c:
                 store.execute(  # (prepared where the worker's statements are: a chain's every step)
                     c,
-                    f"UPDATE rws_job_dependencies SET outcome = %s WHERE depends_on IN ({marks}) "
+                    f"SELECT DISTINCT job_id FROM rws_job_dependencies WHERE depends_on IN ({marks}) "
                     "AND (outcome IS NULL OR outcome <> %s)",
-                    [result, *part, result],
+                    [*part, result],
                 )
-                if not c.rowcount:
-                    continue  # nothing waits for them (or this was written before: the sweep's)
-                if result == "succeeded":
-                    store.execute(c, RELEASE_SQL.format(marks), list(part))
-                    changed += c.rowcount
-                    continue
-                waiting_sql = "SELECT DISTINCT job_id FROM rws_job_dependencies WHERE depends_on IN ({})"
-                c.execute(waiting_sql.format(placeholders(len(part))), list(part))
                 waiting = [row[0] for row in c.fetchall()]
+            if not waiting:
+                continue  # nothing waits for them (or this was written before: the sweep's)
+            for some in batches(iter(waiting), CHUNK // 2):
+                jobs = placeholders(len(some))
+                with store.writes, store.cursor() as c:
+                    store.execute(
+                        c,
+                        f"UPDATE rws_job_dependencies{hint} SET outcome = %s WHERE job_id IN ({jobs}) "
+                        f"AND depends_on IN ({marks}) AND (outcome IS NULL OR outcome <> %s)",
+                        [result, *some, *part, result],
+                    )
+                    if result == "succeeded":
+                        store.execute(c, RELEASE_SQL.format(hint, jobs), list(some))
+                        changed += c.rowcount
+            if result == "succeeded":
+                continue
             released, cancelled_now = resolve(store, waiting)
             changed += released + len(cancelled_now)
             if cancelled_now:
@@ -360,11 +375,12 @@ def resolve(store: Any, job_ids: Sequence[str]) -> tuple[int, list[str]]:
         if not by_status.get("pending") and not by_status.get("cancelled"):
             continue
         now = int(clock.now(store.conn.alias))
+        hint = store.backend.primary_key_hint()
         with store.writes, store.cursor() as c:  # each statement applies to blocked jobs only
             if by_status.get("pending"):
-                released += _set_status(c, by_status["pending"], "pending", now)
+                released += _set_status(c, by_status["pending"], "pending", now, hint)
             if by_status.get("cancelled"):
-                _set_status(c, by_status["cancelled"], "cancelled", now)
+                _set_status(c, by_status["cancelled"], "cancelled", now, hint)
                 cancelled += by_status["cancelled"]
     if cancelled:
         logger.warning("%d blocked job(s) cancelled: a job or batch they wait for failed", len(cancelled))

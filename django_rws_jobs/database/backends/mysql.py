@@ -136,6 +136,9 @@ class MySQLBackend(BaseBackend):
             f" ON DUPLICATE KEY UPDATE {', '.join(sets)}"
         )
 
+    def primary_key_hint(self) -> str:
+        return " FORCE INDEX (PRIMARY)"
+
     def upsert_replacing(
         self, table: str, keys: Sequence[str], values: Sequence[str], rows: Sequence[Sequence[Any]]
     ) -> Sql:

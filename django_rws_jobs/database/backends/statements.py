@@ -177,6 +177,13 @@ class Statements:
     def running_index_hint(self) -> str:
         return ""
 
+    def primary_key_hint(self) -> str:
+        """Appended to a table's name in a write that names its rows by primary key, where the
+        planner could walk another index instead: a write that walks an index meets the rows
+        other transactions inserted and have not committed, and MariaDB waits for them
+        (dependencies.ended)."""
+        return ""
+
     def claim_queue_filter(self, queues: Sequence[str] | None) -> Sql:
         """The queue filter of the statements a worker prepares (the claim, the band walk)."""
         return queue_filter(queues)
