@@ -250,6 +250,11 @@ def a_batch(queue: str) -> None:
         b.enqueue("test.record", "cut-me", queue=queue)
 
 
+def a_dependency(queue: str) -> None:
+    first = rws.enqueue("test.record", "cut-me", queue=queue)
+    rws.enqueue("test.record", "dependent", queue=queue, after=[first])
+
+
 def a_task(queue: str) -> None:
     from tests.testapp.tasks import record
 
@@ -289,6 +294,17 @@ CUTS = {
     # the member ran and its outcome is written: the other worker's sweep ends the batch.
     "batch finish": Cut(
         b"UPDATE rws_batches SET state = 'finished'", b"", "default", a_batch, (("record", "callback"),)
+    ),
+    # What waits for a job that succeeded: the dependency's outcome written, then the job that
+    # waits released (dependencies.ended; two statements, no transaction): the other worker's
+    # sweep releases it.
+    "dependency release": Cut(
+        b"UPDATE rws_job_dependencies SET outcome",
+        b"",
+        "default",
+        a_dependency,
+        (("record", "dependent"),),
+        unprepared=True,
     ),
     # A task's success: its row deleted, then its result inserted (tasks/outcomes.succeed_many).
     # The outcome is lost: the other worker takes the job back once its lease runs out.
