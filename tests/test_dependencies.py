@@ -314,6 +314,20 @@ def test_a_dependency_cycle_through_open_batches_is_refused(runs):
     assert Job.objects.count() == 0
 
 
+def test_a_retried_member_cancelled_again_finishes_its_batch_again():
+    """A member that waits for a dead job, retried while that job is still dead, is cancelled
+    again by the retry's recheck, which records it in its batch: the batch finishes again."""
+    dead = rws.enqueue("test.fail", "x", max_retries=0)
+    with rws.batch() as b:
+        member = b.enqueue("test.record", "m", after=[dead])
+    drain()
+    assert status(member) == "cancelled" and rws.get_batch(b.id).state == "finished"
+    assert rws.retry(member)
+    assert status(member) == "cancelled"
+    batch = rws.get_batch(b.id)
+    assert (batch.state, batch.outcome, batch.cancelled) == ("finished", "failed", 1)
+
+
 def test_an_end_nobody_recorded_is_found_by_the_recheck_and_the_sweep():
     a1 = rws.enqueue("test.record", "a1")
     a2 = rws.enqueue("test.record", "a2")

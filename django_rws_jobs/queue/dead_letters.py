@@ -74,7 +74,8 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
                 store = Store(connections[alias])
                 reopen_members(store, [job_id])
                 dependencies.reopen(store, [job_id])
-                dependencies.rewait(store, [job_id])  # one that waits for something is decided again
+                # One that waits for something is decided again (and what that cancels, recorded).
+                dependencies.rewait(store, [job_id], cancelled_by_dependencies)
         except IntegrityError:
             return False
     return changed == 1
@@ -223,7 +224,7 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
                 store = Store(connections[alias])
                 reopen_members(store, retried)
                 dependencies.reopen(store, retried)
-                dependencies.rewait(store, retried)
+                dependencies.rewait(store, retried, cancelled_by_dependencies)
         except IntegrityError:
             # A key was taken since the look above (an enqueue that committed meanwhile): one by
             # one, as retry() does, which tells which.
