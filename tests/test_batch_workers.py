@@ -194,3 +194,26 @@ def test_a_chain_of_keyed_jobs_runs_without_polling(workers):  # noqa: F811
     assert ran == [str(i) for i in range(10)]
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0, w.output()[-3000:]
+
+
+def test_cascade_and_fail_fast_cancels_finish_their_batches_without_a_sweep(workers):  # noqa: F811
+    """Through a worker whose sweeps are an hour apart: a member cancelled because the member it
+    waits for died, and a blocked member cancelled by fail_fast, are recorded at once, so both
+    batches finish and fire on_failure."""
+    with rws.batch(on_failure=rws.call("test.batch_callback", "cascade")) as chained:
+        dies = chained.enqueue("test.batch_member", "fail", max_retries=0)
+        chained.enqueue("test.batch_member", "1", after=[dies])
+    with rws.batch(on_failure=rws.call("test.batch_callback", "fail_fast"), fail_fast=True) as fast:
+        fast.enqueue("test.batch_member", "fail", max_retries=0, priority=10)
+        later = fast.enqueue("test.batch_member", "2", run_in=3600)
+        fast.enqueue("test.batch_member", "3", after=[later])
+    w = workers(jobs={**FAST, "RECOVERY_INTERVAL": 3600})
+    wait_for(
+        lambda: {(b, e) for b, e in fired()} == {(chained.id, "failure"), (fast.id, "failure")},
+        timeout=30,
+        what="both batches to fire on_failure",
+    )
+    assert rws.get_batch(chained.id).cancelled == 1 and rws.get_batch(fast.id).cancelled == 2
+    assert not Job.objects.filter(status="blocked").exists()
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()[-3000:]
