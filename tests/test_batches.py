@@ -775,3 +775,23 @@ def test_the_admins_delete_of_a_dead_dependency_finishes_a_waiting_members_batch
     assert Job.objects.get(id=waits).status == "cancelled"
     assert counts(b.id) == ("finished", "failed", 1, 0, 0, 1, 0)
     assert cancelled_signals == [waits]
+
+
+def test_retry_failed_on_a_fail_fast_batch_puts_a_blocked_member_back_blocked():
+    with rws.batch(on_failure=cb("bad"), on_success=cb("ok"), fail_fast=True) as b:
+        dead = b.enqueue("test.batch_member", "fail", max_retries=0, priority=10)
+        first = b.enqueue("test.batch_member", "1", run_in=3600)
+        then = b.enqueue("test.batch_member", "2", after=[first])
+    drain()
+    assert counts(b.id) == ("finished", "failed", 3, 0, 1, 2, 0)
+    Job.objects.filter(id=dead).update(payload="fixed")
+    assert rws.get_batch(b.id).retry_failed() == 3
+    assert Job.objects.get(id=then).status == "blocked"
+    drain()
+    assert [c["payload"] for c in callbacks()] == ["bad", "ok"]
+    assert [json.loads(r.payload)["payload"] for r in Run.objects.filter(kind="member").order_by("id")][
+        -2:
+    ] == [
+        "1",
+        "2",
+    ]
