@@ -527,8 +527,9 @@ def abandoned(store: Any, limit: int = 500, cancelled: list[str] | None = None) 
     return deleted(store, gone, cancelled)
 
 
-#: Waiting jobs whose rows ``prune`` looks at in one pass.
-PRUNE_JOBS = 2000
+#: Waiting jobs whose rows ``prune`` looks at in one pass: each worker's keeper passes once a
+#: recovery interval, so that the rows of up to this many jobs an interval are deleted.
+PRUNE_JOBS = 10_000
 
 
 def prune(store: Any, after: str = "") -> str:
