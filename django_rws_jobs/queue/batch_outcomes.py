@@ -95,26 +95,36 @@ def record_members(
     ``cancelled``): a retry that put the job back before this write keeps its member outstanding
     (tests/test_batches.py::test_a_death_settled_after_a_retry_leaves_the_member_outstanding)."""
     touched: dict[str, bool] = {batch_id: False for _, batch_id in done}
-    with store.writes, store.cursor() as c:
-        for part in batches((job_id for job_id, _ in done), CHUNK):
-            marks = placeholders(len(part))
-            c.execute(
-                f"DELETE FROM rws_batch_members WHERE job_id IN ({marks}) AND NOT EXISTS "
-                "(SELECT 1 FROM rws_jobs j WHERE j.id = rws_batch_members.job_id)",
-                list(part),
-            )
-        for outcome, status, job_ids in (("failed", "failed", dead), ("cancelled", "cancelled", cancelled)):
-            for part in batches(iter(job_ids), CHUNK):
-                marks = placeholders(len(part))
-                c.execute(f"SELECT batch_id FROM rws_batch_members WHERE job_id IN ({marks})", list(part))
-                for (batch_id,) in c.fetchall():
-                    touched[batch_id] = touched.get(batch_id, False) or outcome == "failed"
+    with store.writes:
+        with store.cursor() as c:
+            for part in batches((job_id for job_id, _ in done), CHUNK):
                 c.execute(
-                    f"UPDATE rws_batch_members SET outcome = %s WHERE job_id IN ({marks}) "
-                    "AND outcome IS NULL AND EXISTS (SELECT 1 FROM rws_jobs j "
-                    "WHERE j.id = rws_batch_members.job_id AND j.status = %s)",
-                    [outcome, *part, status],
+                    f"DELETE FROM rws_batch_members WHERE job_id IN ({placeholders(len(part))}) "
+                    "AND NOT EXISTS (SELECT 1 FROM rws_jobs j WHERE j.id = rws_batch_members.job_id)",
+                    list(part),
                 )
+        for outcome, job_ids in (("failed", dead), ("cancelled", cancelled)):
+            for part in batches(iter(job_ids), CHUNK):
+                # The job rows that still have the outcome, locked until the member rows are
+                # written: a retry (which locks the job row first) comes wholly before or after.
+                with store.atomic(), store.cursor() as c:
+                    c.execute(
+                        f"SELECT id FROM rws_jobs WHERE id IN ({placeholders(len(part))}) AND status = %s"
+                        + store.features.row_lock,
+                        [*part, outcome],
+                    )
+                    still = [row[0] for row in c.fetchall()]
+                    if not still:
+                        continue
+                    marks = placeholders(len(still))
+                    c.execute(f"SELECT batch_id FROM rws_batch_members WHERE job_id IN ({marks})", still)
+                    for (batch_id,) in c.fetchall():
+                        touched[batch_id] = touched.get(batch_id, False) or outcome == "failed"
+                    c.execute(
+                        f"UPDATE rws_batch_members SET outcome = %s WHERE job_id IN ({marks}) "
+                        "AND outcome IS NULL",
+                        [outcome, *still],
+                    )
     return finish_each(store, touched.items(), now)
 
 
