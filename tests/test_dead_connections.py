@@ -386,3 +386,36 @@ def test_a_worker_cut_off_inside_a_transaction_holds_nothing_past_a_lease(tmp_pa
     if cut == "task outcome":
         assert TaskResultRecord.objects.count() == 1
     assert cut_off.proc.poll() is None and other.proc.poll() is None
+
+
+def test_the_worker_bounds_only_its_own_idle_transactions(settings):
+    """The bound is on the worker's own connections only, and leaves nothing behind a pooler:
+    MariaDB sets it on the session at connect (not on Django's connections); PostgreSQL sets it
+    with each BEGIN for that transaction (the session keeps the server's value)."""
+    from django_rws_jobs.database.backends import backend_for
+    from django_rws_jobs.database.connections import private_connection
+
+    settings.RWS_JOBS = {**settings.RWS_JOBS, "LEASE_SECONDS": 45}
+    conn = private_connection("default")
+    try:
+        if connection.vendor == "mysql":
+            if not connection.mysql_is_mariadb:
+                pytest.skip("MySQL has no idle_transaction_timeout (docs/howto/databases.md)")
+            with conn.cursor() as c:
+                c.execute("SELECT @@SESSION.idle_transaction_timeout")
+                assert c.fetchone()[0] == 45
+            with connection.cursor() as c:
+                c.execute("SELECT @@SESSION.idle_transaction_timeout")
+                assert c.fetchone()[0] == 0
+        else:
+            show = "SELECT current_setting('idle_in_transaction_session_timeout')"
+            scoped = backend_for(conn).driver_cursor()
+            scoped.execute("BEGIN")
+            scoped.execute(show)
+            assert scoped.fetchone() == ("45s",)
+            scoped.execute("COMMIT")
+            with conn.cursor() as c:
+                c.execute(show)
+                assert c.fetchone() == ("0",)
+    finally:
+        conn.close()

@@ -264,8 +264,9 @@ def test_the_heartbeat_file_goes_stale_while_a_role_is_stuck(tmp_path, started, 
     """A live worker whose dispatcher is stuck on a lock stops touching the file, so the probe
     fails while the process lives; once the lock is gone, the file is fresh again. The lock: the
     test's row lock on a waiting job that the dispatcher's sweep promotes (its UPDATE waits for
-    it), or on SQLite the file's write lock, which every writer waits for."""
-    from django_rws_jobs.database.connections import private_connection
+    it), or on SQLite the file's write lock, which every writer waits for. The lock is held on a
+    connection of Django's, as a project's transaction: the server ends an idle transaction of
+    the worker's own connections after a lease (base.idle_transaction_seconds)."""
     from tests.testapp.models import Run
 
     settings.RWS_JOBS = {**settings.RWS_JOBS, "LEASE_SECONDS": 3}  # the probe's limit: 3 s
@@ -275,7 +276,7 @@ def test_the_heartbeat_file_goes_stale_while_a_role_is_stuck(tmp_path, started, 
     w.started()
     wait_for(lambda: health("--heartbeat-file", str(beat))[0] == 0, 10, what=w.output())
     job_id = rws.enqueue("test.keyed", "k 0", concurrency_key="k", run_in=2)  # not due yet
-    holder = private_connection("default")
+    holder = connections.create_connection("default")
     try:
         with holder.cursor() as c:
             if connection.vendor == "sqlite":
