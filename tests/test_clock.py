@@ -1,6 +1,7 @@
 """One clock: workers and web processes whose host clocks are 10 minutes off (Debian's faketime)
 keep the database's time for every due time and lease (django_rws_jobs/clock.py)."""
 
+import calendar
 import glob
 import json
 import os
@@ -174,7 +175,8 @@ def test_skewed_workers_fire_each_cron_due_time_once_and_never_early(tmp_path):
         # Queue "elsewhere" only: the enqueued jobs stay, with the time they were enqueued.
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "django", "rws_worker", "--queues", "elsewhere"],
+                # -v 2: the enqueues are DEBUG lines
+                [sys.executable, "-m", "django", "rws_worker", "--queues", "elsewhere", "-v", "2"],
                 cwd=ROOT,
                 env=env,
                 stdout=log,
@@ -190,8 +192,12 @@ def test_skewed_workers_fire_each_cron_due_time_once_and_never_early(tmp_path):
         for p in procs:
             p.wait(60)
     outputs = [(tmp_path / f"cron{shift}.log").read_text() for shift in (AHEAD, BEHIND)]
-    pattern = re.compile(r"schedule 'every-second' due at (\d+) enqueued")
-    claimed = sorted(int(t) for out in outputs for t in pattern.findall(out))
+    pattern = re.compile(r"schedule 'every-second' due at (\S+) enqueued")
+    claimed = sorted(
+        calendar.timegm(time.strptime(t, "%Y-%m-%dT%H:%M:%SZ"))
+        for out in outputs
+        for t in pattern.findall(out)
+    )
     assert len(claimed) == len(set(claimed)), f"a due second was enqueued twice: {claimed}"
     assert claimed and claimed[0] == first, (claimed, outputs)
     enqueued = sorted(Job.objects.filter(payload="tick").values_list("created_at", flat=True))

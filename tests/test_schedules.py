@@ -644,7 +644,7 @@ def test_two_workers_enqueue_each_due_second_once(runs):
     env = subprocess_env(DJANGO_SETTINGS_MODULE="tests.settings_schedules", RWS_LOG_LEVEL="INFO")
     first = int(time.time()) + 2
     JobSchedule.objects.create(name="every-second", next_run_at=first, cron="*/1 * * * * *")
-    workers = [start_worker("--workers", "2", env=env) for _ in range(2)]
+    workers = [start_worker("--workers", "2", "-v", "2", env=env) for _ in range(2)]  # enqueues: DEBUG
     try:
         time.sleep(max(first + 5.5 - time.time(), 0))  # real processes for five due seconds
     finally:
@@ -653,8 +653,8 @@ def test_two_workers_enqueue_each_due_second_once(runs):
     outputs = [w.communicate(timeout=60)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs
 
-    pattern = re.compile(r"schedule 'every-second' due at (\d+) enqueued")
-    claimed = [int(t) for out in outputs for t in pattern.findall(out)]
+    pattern = re.compile(r"schedule 'every-second' due at (\S+) enqueued")
+    claimed = [ts(t) for out in outputs for t in pattern.findall(out)]
     assert len(claimed) == len(set(claimed)), f"a due second was enqueued twice: {sorted(claimed)}"
     enqueued = len(jobs("tick")) + len([r for r in runs() if r[1] == "tick"])
     assert enqueued == len(claimed)
@@ -686,3 +686,29 @@ def test_a_burst_worker_ticks_schedules_only_when_asked(runs):
     assert row("every-second")[0] > overdue
     assert row("race") is not None
     assert jobs("tick") == [] and len(runs()) >= 1  # what the tick enqueued ran in the same burst
+
+
+def test_the_scheduler_counts_its_enqueues_once_a_minute(caplog):
+    """Each cron enqueue is a DEBUG line, in ISO 8601 UTC; the scheduler logs one INFO line a
+    minute counting them, none for a minute with none (worker/scheduler.py Scheduler.count)."""
+    due = ts("2024-01-01 00:01:00")
+    JobSchedule.objects.create(name="m", next_run_at=due, cron=MINUTELY["cron"])
+    schedule = Schedule("m", MINUTELY["cron"], "test.record", "m")
+    with caplog.at_level(logging.DEBUG, logger="django_rws_jobs"):
+        assert tick_schedules(now=due, schedules=[schedule]) == 1
+    [enqueued] = [r for r in caplog.records if "enqueued job" in r.getMessage()]
+    assert enqueued.levelno == logging.DEBUG
+    assert enqueued.getMessage().startswith("schedule 'm' due at 2024-01-01T00:01:00Z enqueued job ")
+    assert enqueued.getMessage().endswith("; next due at 2024-01-01T00:02:00Z")
+
+    caplog.clear()
+    scheduler = Scheduler(threading.Event(), "default")
+    start = scheduler.next_count - 60
+    with caplog.at_level(logging.INFO, logger="django_rws_jobs"):
+        for second in range(1, 121):  # a job every 5 seconds for two minutes, then one idle minute
+            scheduler.count(1 if second % 5 == 0 and second <= 120 else 0, start + second)
+        for second in range(121, 241):
+            scheduler.count(0, start + second)
+    counts = [r.getMessage() for r in caplog.records]
+    assert counts == ["schedules enqueued 12 job(s) in the last minute"] * 2
+    assert all(r.levelno == logging.INFO for r in caplog.records)

@@ -341,6 +341,54 @@ def test_a_job_that_kills_its_worker_ends_dead_after_its_retries(workers):
     assert any("moved to the dead-letter list" in o for o in outputs)
 
 
+#: The start-up line's words on the queue's clock: one shape on every database (clock.describe).
+CLOCK = re.compile(
+    r"clock: (the database's \(this host's is \d+\.\d{3}s (behind|ahead of) it\)"
+    r"|this host's \(the database has no clock of its own\))"
+)
+ISO = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ"
+
+
+def test_the_log_says_why_a_job_failed_and_which_clock_decides(workers):
+    """Every failed attempt is logged with the error's first line, an unregistered job type's on
+    its first attempt; the traceback only on the last attempt (at -v 1); times in ISO 8601 UTC."""
+    typo = rws.enqueue("test.nope", "x")
+    retried = rws.enqueue("test.fail", "once", max_retries=1)
+    dead = rws.enqueue("test.fail", "last", max_retries=0)
+    w = workers("--burst", "--no-schedules", jobs={"BACKOFF_INITIAL": 3600})
+    assert w.wait() == 0
+    out = w.output()
+    starting = next(line for line in out.splitlines() if " starting: " in line)
+    assert CLOCK.search(starting), starting
+    assert re.search(
+        rf"job {typo} \(test.nope\) failed on attempt 1 of 4: no handler registered for job_type "
+        rf"'test.nope'; will retry at {ISO}\n",
+        out,
+    ), out
+    assert re.search(
+        rf"job {retried} \(test.fail\) failed on attempt 1 of 2: ValueError: boom once; "
+        rf"will retry at {ISO}\n",
+        out,
+    ), out
+    assert (
+        f"job {dead} (test.fail) failed on attempt 1 of 1: ValueError: boom last; "
+        "moved to the dead-letter list\nTraceback" in out
+    )
+    assert out.count("Traceback (most recent call last)") == 1, out  # the last attempt's only
+
+
+def test_verbosity_2_logs_each_success_with_its_duration(workers):
+    """At -v 2 each success is logged with its duration and each failure with its traceback."""
+    done = rws.enqueue("test.record", "a")
+    failed = rws.enqueue("test.fail", "b")
+    w = workers("--burst", "--no-schedules", "-v", "2", jobs={"BACKOFF_INITIAL": 3600})
+    assert w.wait() == 0
+    out = w.output()
+    assert re.search(rf"job {done} \(test.record\) succeeded in \d+\.\d{{3}}s\n", out), out
+    assert f"job {failed} (test.fail) failed on attempt 1 of 4: ValueError: boom b; will retry at " in out
+    assert "Traceback (most recent call last)" in out, out
+
+
 def test_sigterm_lets_the_running_job_finish_and_exits_0(workers):
     job_id = rws.enqueue("test.sleep", "1.5")
     w = workers("--workers", "2")

@@ -108,11 +108,24 @@ def _refresh(alias: str, last: Reading | None) -> Reading | None:
 
 
 def describe(reading: Reading | None) -> str:
-    """How far the host's clock is from the database's, for the worker's log lines."""
+    """Which clock the queue keeps, for the worker's start-up line: one sentence shape on every
+    database (tests/test_worker.py::test_the_log_says_why_a_job_failed_and_which_clock_decides)."""
     if reading is None:
-        return "the host's clock decides"
+        return "clock: this host's (the database has no clock of its own)"
+    return f"clock: the database's (this host's is {_offset(reading, 'it')})"
+
+
+def _offset(reading: Reading, other: str) -> str:
     side = "behind" if reading.offset > 0 else "ahead of"
-    return f"host clock {abs(reading.offset):.3f}s {side} the database's"
+    return f"{abs(reading.offset):.3f}s {side} {other}"
+
+
+def iso(seconds: float) -> str:
+    """A queue time (unix seconds) as the logs write it: ISO 8601 in UTC, to the second."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    except (OverflowError, ValueError, OSError):  # past what the platform's calendar holds
+        return f"{seconds} (unix seconds)"
 
 
 def warn_if_off(reading: Reading | None, last_warned: float | None) -> float | None:
@@ -124,8 +137,9 @@ def warn_if_off(reading: Reading | None, last_warned: float | None) -> float | N
     if last_warned is not None and abs(reading.offset - last_warned) < 1.0:
         return last_warned
     logger.warning(
-        "%s (more than %ss): the queue keeps the database's time, but check this host's NTP",
-        describe(reading),
+        "this host's clock is %s (more than %ss): the queue keeps the database's time, but check "
+        "this host's NTP",
+        _offset(reading, "the database's"),
         WARN_OFFSET,
     )
     return reading.offset
@@ -142,6 +156,7 @@ __all__ = [
     "Reading",
     "describe",
     "forget",
+    "iso",
     "kept_fresh_by_caller",
     "now",
     "read",

@@ -333,17 +333,7 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
             except Exception as unsaved:
                 logger.warning("job %s: its metadata was not saved: %s", job.id, unsaved)
         tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
-        logger.error(
-            "job %s (%s) failed on attempt %d/%d: %s: %s",
-            job.id,
-            job.job_type,
-            job.attempts + 1,
-            job.max_retries + 1,
-            type(exc).__name__,
-            exc,
-            exc_info=True,
-        )
-        return describe(exc), tb
+        return describe(exc), tb  # logged where it is recorded (_record_failure)
     except BaseException:
         # JobTimeout, JobCancelled, a child's SystemExit: the attempt ends here too, and what it
         # changed and its last progress are written before the caller records its outcome. Also
@@ -473,25 +463,12 @@ def _record_failure(
         applied = store.reschedule(job, attempts, error, tb, due, expired_before)
         outcome = "retry"
         if applied:
-            logger.info(
-                "job %s (%s) will retry at %d (attempt %d of %d)",
-                job.id,
-                job.job_type,
-                due,
-                attempts + 1,
-                job.max_retries + 1,
-            )
+            _log_failure(logging.WARNING, job, attempts, error, tb, f"will retry at {clock.iso(due)}")
     else:
         applied = store.move_to_dead_letters(job, attempts, error, tb, int(now), expired_before)
         outcome = "dead"
         if applied:
-            logger.error(
-                "job %s (%s) moved to the dead-letter list after %d attempts: %s",
-                job.id,
-                job.job_type,
-                attempts,
-                error,
-            )
+            _log_failure(logging.ERROR, job, attempts, error, tb, "moved to the dead-letter list")
             dead = job.as_job(
                 status="failed", attempts=attempts, last_error=error, traceback=tb, failed_at=int(now)
             )
@@ -500,6 +477,20 @@ def _record_failure(
             else:
                 send_dead(dead)
     return applied, outcome
+
+
+def _log_failure(level: int, job: Claimed, attempts: int, error: str, tb: str | None, then: str) -> None:
+    """Say why an attempt failed, on every attempt: the error's first line (an unregistered job
+    type's included), and its traceback on the last attempt or at DEBUG (``rws_worker -v 2``).
+    Pinned by tests/test_worker.py::test_the_log_says_why_a_job_failed_and_which_clock_decides."""
+    if not logger.isEnabledFor(level):
+        return
+    first = error.split("\n", 1)[0]
+    of = job.max_retries + 1
+    message = f"job {job.id} ({job.job_type}) failed on attempt {attempts} of {of}: {first}; {then}"
+    if tb and (level >= logging.ERROR or logger.isEnabledFor(logging.DEBUG)):
+        message += "\n" + tb.rstrip("\n")
+    logger.log(level, "%s", message)
 
 
 def send_dead(job: Any) -> None:

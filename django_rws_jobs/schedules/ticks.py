@@ -56,19 +56,19 @@ def tick_schedules(
             .values_list("name", "next_run_at", "cron")
         }
     except DatabaseError as exc:
-        logger.warning("schedules: database error at %d: %s", now, exc)
+        logger.warning("schedules: database error at %s: %s", clock.iso(now), exc)
         return 0
     except Exception:  # a value the driver cannot send (a Schedule made past the checks): logged
-        logger.exception("schedules: reading their rows failed at %d", now)
+        logger.exception("schedules: reading their rows failed at %s", clock.iso(now))
         return 0
     enqueued = 0
     for schedule in schedules:
         try:
             enqueued += _tick_one(schedule, stored.get(schedule.name), now, alias)
         except DatabaseError as exc:
-            logger.warning("schedule %r: database error at %d: %s", schedule.name, now, exc)
+            logger.warning("schedule %r: database error at %s: %s", schedule.name, clock.iso(now), exc)
         except Exception:
-            logger.exception("schedule %r failed at %d", schedule.name, now)
+            logger.exception("schedule %r failed at %s", schedule.name, clock.iso(now))
     return enqueued
 
 
@@ -87,7 +87,7 @@ def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, 
                 rows.create(name=schedule.name, next_run_at=nxt, cron=expr.text)
         except IntegrityError:
             return 0  # another process saw it first at the same moment; its row is as right as ours
-        logger.info("schedule %r first seen; next due at %d", schedule.name, nxt)
+        logger.info("schedule %r first seen; next due at %s", schedule.name, clock.iso(nxt))
         return 0
     due, stored = row
     if isinstance(due, bool) or not isinstance(due, int):
@@ -102,7 +102,11 @@ def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, 
                 )
             if changed:
                 logger.info(
-                    "schedule %r is now %r (was %r); next due at %d", schedule.name, expr.text, stored, nxt
+                    "schedule %r is now %r (was %r); next due at %s",
+                    schedule.name,
+                    expr.text,
+                    stored,
+                    clock.iso(nxt),
                 )
         return 0
     # Due (whatever expression stored it): claim this due time, and enqueue in the same transaction.
@@ -115,7 +119,15 @@ def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, 
             job_id = scheduled.enqueue(schedule.job_type, schedule.payload)
         else:
             job_id = enqueue(schedule.job_type, schedule.payload, using=alias, **schedule.options)
-    logger.info("schedule %r due at %d enqueued job %s; next due at %d", schedule.name, due, job_id, nxt)
+    # DEBUG: a schedule every few seconds would fill the log; the scheduler logs a count a minute
+    # (worker/scheduler.py).
+    logger.debug(
+        "schedule %r due at %s enqueued job %s; next due at %s",
+        schedule.name,
+        clock.iso(due),
+        job_id,
+        clock.iso(nxt),
+    )
     return 1
 
 
@@ -132,7 +144,11 @@ def _repair(name: str, due: Any, stored: str | None, nxt: int, text: str, alias:
         changed = c.rowcount
     if changed:
         logger.warning(
-            "schedule %r had the due time %r, not an integer (was %r); next due at %d", name, due, stored, nxt
+            "schedule %r had the due time %r, not an integer (was %r); next due at %s",
+            name,
+            due,
+            stored,
+            clock.iso(nxt),
         )
     return 0
 

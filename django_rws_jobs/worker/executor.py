@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 
 from django.db import connections
 
@@ -56,6 +57,26 @@ class Executor:
         self.running: Claimed | None = None
         self.ident = 0
         self.cancel_raised = False
+        if logger.isEnabledFor(logging.DEBUG):
+            # At DEBUG (rws_worker -v 2) each success is logged with its duration. Decided once
+            # here: otherwise ``execute`` is the class's own and a job's path is unchanged
+            # (tests/test_worker.py::test_verbosity_2_logs_each_success_with_its_duration).
+            self.execute = self._timed(self.execute)  # type: ignore[method-assign,assignment]
+
+    @staticmethod
+    def _timed(
+        execute: Callable[[Claimed], tuple[bool, str | None, str | None]],
+    ) -> Callable[[Claimed], tuple[bool, str | None, str | None]]:
+        def timed(job: Claimed) -> tuple[bool, str | None, str | None]:
+            started = time.monotonic()
+            outcome = execute(job)
+            if outcome[1] is None:
+                logger.debug(
+                    "job %s (%s) succeeded in %.3fs", job.id, job.job_type, time.monotonic() - started
+                )
+            return outcome
+
+        return timed
 
     def loop(self) -> None:
         ident = threading.get_ident()
@@ -111,7 +132,6 @@ class Executor:
             tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
             if self.cancel_raised:
                 return False, Cancelled(cancel_message(None, running=True)), tb
-            logger.error("job %s (%s) failed: its handler raised %s", job.id, job.job_type, describe(exc))
             return False, describe(exc), tb
 
     def _stop_cancels(self) -> None:

@@ -166,9 +166,9 @@ class LeaseKeeper:
             if end is not None and now >= end and (job.token, job.id) not in self.lapsed:
                 self.lapsed.add((job.token, job.id))
                 logger.error(
-                    "job %s (%s): its lease ran out at %d before this worker could renew it; "
+                    "job %s (%s): its lease ran out at %s before this worker could renew it; "
                     "another worker may run it, and this worker's outcome will then be dropped",
                     job.id,
                     job.job_type,
-                    end,
+                    clock.iso(end),
                 )

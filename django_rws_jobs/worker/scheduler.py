@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from django.db import Error as DatabaseError
 from django.db import connections
@@ -15,6 +16,9 @@ from .reconnect import Connection, Retry
 from .shared import Progress
 
 logger = logging.getLogger("django_rws_jobs")
+
+#: Seconds between the INFO lines that count the schedules' enqueues.
+COUNT_EVERY = 60.0
 
 
 class Scheduler:
@@ -40,6 +44,8 @@ class Scheduler:
         self.alias = alias
         self.db = Retry(Connection(alias, private=False) if holder is None else holder, stop)
         self.progress = Progress() if progress is None else progress  # each tick a turn
+        self.enqueued = 0  # since the last count logged (count)
+        self.next_count = time.monotonic() + COUNT_EVERY
 
     def loop(self) -> None:
         schedules = valid_schedules()
@@ -53,11 +59,22 @@ class Scheduler:
         try:
             while True:
                 self.progress.turn(self.ROLE)
-                self.run_once(schedules)
+                self.count(self.run_once(schedules), time.monotonic())
                 if self.stop.wait(1.0 - (clock.now(self.alias) % 1.0) + 0.005):
                     break
         finally:
             connections.close_all()
+
+    def count(self, enqueued: int, at: float) -> None:
+        """Add up the jobs the schedules enqueued (each one is logged at DEBUG: ticks.py) and log
+        their number at INFO at most once a minute, when there were any
+        (tests/test_schedules.py::test_the_scheduler_counts_its_enqueues_once_a_minute)."""
+        self.enqueued += enqueued
+        if at < self.next_count:
+            return
+        if self.enqueued:
+            logger.info("schedules enqueued %d job(s) in the last minute", self.enqueued)
+        self.enqueued, self.next_count = 0, at + COUNT_EVERY
 
     def run_once(self, schedules: list[Schedule], now: int | None = None) -> int:
         """Enqueue the due jobs of ``schedules``; return how many."""
