@@ -23,7 +23,7 @@ class Proxy:
         self.partitioned = threading.Event()  # new connections are frozen too
         self.closed = threading.Event()
         self.cut = threading.Event()  # set when cut_after's connection was cut
-        self._cut_on: tuple[bytes, bytes] | None = None
+        self._cut_on: tuple[tuple[bytes, ...], bytes] | None = None
         threading.Thread(target=self._accept, daemon=True).start()
 
     def client_ports(self) -> list[int]:
@@ -43,14 +43,15 @@ class Proxy:
         self.partitioned.set()
         self.freeze()
 
-    def cut_after(self, request: bytes, reply: bytes = b"") -> threading.Event:
-        """Cut the first connection whose client sends a request containing ``request`` and then
+    def cut_after(self, request: bytes | tuple[bytes, ...], reply: bytes = b"") -> threading.Event:
+        """Cut the first connection whose client sends a request containing ``request`` (each of
+        them, for several) and then
         gets an answer containing ``reply`` (anything if empty): its next request is never
         forwarded, and every connection is frozen from then on (a partition: ``heal`` ends it for
         new ones). So the server holds that connection's transaction open after its first round
         trip, as after a worker that lost the network. Returns ``self.cut``, set once cut."""
         with self.lock:
-            self._cut_on = (request, reply)
+            self._cut_on = (request if isinstance(request, tuple) else (request,), reply)
         return self.cut
 
     def heal(self) -> None:
@@ -107,7 +108,7 @@ class Proxy:
                     if cut_on is not None and s is client:
                         if asked and answered and self._cut_here():
                             break  # the next request: held
-                        asked, answered = cut_on[0] in data, False
+                        asked, answered = all(part in data for part in cut_on[0]), False
                     elif cut_on is not None and asked and cut_on[1] in data:
                         answered = True
                     ends[s].sendall(data)

@@ -225,7 +225,7 @@ class Cut:
     cut lost (run again by the other worker: at least once), and the databases that send the
     transaction in one round trip (nothing to cut)."""
 
-    request: bytes
+    request: bytes | tuple[bytes, ...]
     reply: bytes
     queue: str
     enqueue: Callable[[str], Any]
@@ -299,7 +299,7 @@ CUTS = {
     # waits released (dependencies.ended; two statements, no transaction): the other worker's
     # sweep releases it.
     "dependency release": Cut(
-        b"UPDATE rws_job_dependencies SET outcome",
+        (b"UPDATE rws_job_dependencies", b"SET outcome = "),
         b"",
         "default",
         a_dependency,
