@@ -104,6 +104,31 @@ def test_the_metrics_reference_lists_every_served_metric():
     assert listed == served
 
 
+def test_help_texts_name_each_default_and_its_setting(settings):
+    """The commands' help (and the generated commands page) gives each default's value, and a
+    setting's full name with its value now."""
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        import rws_reference
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+    settings.RWS_JOBS = {**settings.RWS_JOBS, "POLL_INTERVAL": 0.25}
+    commands = rws_reference.commands_page()
+    worker = commands[commands.index("## rws_worker") :]
+
+    def row(flag: str) -> str:
+        return next(line for line in worker.splitlines() if line.startswith(f"| `{flag}"))
+
+    assert "(default: RWS_JOBS['POLL_INTERVAL'], now 0.25)" in row("--poll-interval")
+    assert "(default: every queue)" in row("--queues")
+    assert "(default: threads)" in row("--pool")
+    assert "`--reload`" in worker
+    for name in ("rws_worker", "rws_health", "rws_queues", "rws_schedules", "rws_prune_task_results"):
+        page = commands[commands.index(f"## {name}\n") :]
+        database = next(line for line in page.splitlines() if line.startswith("| `--database`"))
+        assert "(default: RWS_JOBS['DATABASE'], now 'default')" in database, name
+
+
 def test_the_reference_writer_reads_every_setting_and_command():
     sys.path.insert(0, str(DOCS / "_ext"))
     try:

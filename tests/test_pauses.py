@@ -112,6 +112,15 @@ def test_rws_queues_lists_pauses_and_resumes():
         call_command("rws_queues", "pause", "a,b")
 
 
+def test_rws_queues_alone_lists_the_queues():
+    rws.enqueue("test.record", "1", queue="mail")
+    alone, listed = io.StringIO(), io.StringIO()
+    call_command("rws_queues", stdout=alone)
+    call_command("rws_queues", "list", stdout=listed)
+    assert alone.getvalue() == listed.getvalue()
+    assert alone.getvalue().splitlines()[1].split() == ["mail", "active", "-", "0", "1", "0", "0", "0"]
+
+
 def test_rws_queues_lists_limits_and_jobs_waiting_for_their_key(settings):
     queues = {"api": {"concurrency": 3, "rate_limit": "20/s"}, "slow": {"rate_limit": "5/h"}}
     settings.RWS_JOBS = {**settings.RWS_JOBS, "QUEUES": queues}

@@ -389,6 +389,35 @@ def test_verbosity_2_logs_each_success_with_its_duration(workers):
     assert "Traceback (most recent call last)" in out, out
 
 
+def test_reload_restarts_the_worker_when_a_python_file_changes(workers):
+    """rws_worker --reload (Django's autoreloader): a changed Python file of the project stops the
+    worker as SIGTERM does and starts a new process, which runs what is enqueued next."""
+    watched = ROOT / "tests" / "testapp" / "jobs.py"
+    kept = watched.stat()
+    w = workers("--reload", "--no-schedules")
+    w.started()
+    [first] = w.children()  # the reloader's child, not the process the test started
+    try:
+        # The reloader looks at the files once a second, from a first look the test cannot see:
+        # the file is made newer until a second worker starts.
+        deadline = time.monotonic() + 60
+        bump = 0
+        while w.output().count(" starting: ") < 2:
+            assert time.monotonic() < deadline, f"no restart:\n{w.output()}"
+            bump += 1
+            os.utime(watched, (kept.st_atime, kept.st_mtime + bump))
+            time.sleep(0.5)
+    finally:
+        os.utime(watched, (kept.st_atime, kept.st_mtime))
+    out = w.output()
+    assert out.index("worker stopped: ") < out.rindex(" starting: "), out  # the first stopped first
+    [second] = set(w.children()) - {first}
+    wait_for(lambda: not os.path.exists(f"/proc/{first}"), 10, what="the first worker process to end")
+    rws.enqueue("test.record", "after")
+    wait_for(lambda: run_counts() == Counter({"after": 1}), 30, what=f"the job to run:\n{w.output()}")
+    assert w.proc.poll() is None and os.path.exists(f"/proc/{second}")
+
+
 def test_sigterm_lets_the_running_job_finish_and_exits_0(workers):
     job_id = rws.enqueue("test.sleep", "1.5")
     w = workers("--workers", "2")

@@ -15,6 +15,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_rws_jobs.management import setting_default
+
 #: What a check found: (healthy, what it says).
 Finding = tuple[bool, str]
 
@@ -38,7 +40,9 @@ class Command(BaseCommand):
     requires_migrations_checks = False
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
+        parser.add_argument(
+            "--database", default=None, help=f"database alias (default: {setting_default('DATABASE')})"
+        )
         parser.add_argument("--worker", action="store_true", help="a live worker of this host is registered")
         parser.add_argument(
             "--heartbeat-file",

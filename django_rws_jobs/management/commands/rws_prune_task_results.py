@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rws_jobs.database.connections import queue_alias
 from django_rws_jobs.database.validation import queue_list
+from django_rws_jobs.management import setting_default
 from django_rws_jobs.tasks.prune import describe, policies, prune
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -36,10 +37,16 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--older-than", help="an age: seconds, or 15m, 12h, 7d")
+        parser.add_argument(
+            "--older-than",
+            help="an age: seconds, or 15m, 12h, 7d (default: each task backend's "
+            "OPTIONS['RESULTS_RETENTION'])",
+        )
         parser.add_argument("--queues", help="comma-separated queue names (default: every queue)")
         parser.add_argument("--dry-run", action="store_true", help="count, delete nothing")
-        parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
+        parser.add_argument(
+            "--database", default=None, help=f"database alias (default: {setting_default('DATABASE')})"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:

@@ -1,4 +1,5 @@
-"""python manage.py rws_queues list | pause NAME... | resume NAME...: the queues, their counts and pauses."""
+"""python manage.py rws_queues [list] | pause NAME... | resume NAME...: the queues, their counts
+and pauses."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from django_rws_jobs.database.connections import queue_alias
 from django_rws_jobs.database.validation import queue_name
 from django_rws_jobs.flow.limits import configured
 from django_rws_jobs.flow.pauses import pause_queue, resume_queue
+from django_rws_jobs.management import setting_default
 from django_rws_jobs.models import Queue
 
 COLUMNS = ("QUEUE", "STATE", "LIMITS", "WAITING", "DUE", "LATER", "RUNNING", "FAILED")
@@ -25,12 +27,16 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
-        actions = parser.add_subparsers(dest="action", required=True, metavar="{list,pause,resume}")
+        parser.add_argument(
+            "--database", default=None, help=f"database alias (default: {setting_default('DATABASE')})"
+        )
+        # No subcommand lists the queues, as ``list`` does
+        # (tests/test_pauses.py::test_rws_queues_alone_lists_the_queues).
+        actions = parser.add_subparsers(dest="action", required=False, metavar="{list,pause,resume}")
         actions.add_parser(
             "list",
             help="each queue: paused or not, its limits, and its jobs waiting for a concurrency key, "
-            "due, due later, running and failed",
+            "due, due later, running and failed (the default)",
         )
         for verb in ("pause", "resume"):
             sub = actions.add_parser(verb, help=f"{verb} the named queues")
@@ -39,7 +45,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             alias = queue_alias(options["database"])
-            if options["action"] == "list":
+            if options["action"] in (None, "list"):
                 self._list(alias)
                 return
             names = [queue_name(n) for n in options["names"]]

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_rws_jobs.database import clock
 from django_rws_jobs.database.connections import queue_alias
+from django_rws_jobs.management import setting_default
 from django_rws_jobs.models import JobSchedule
 from django_rws_jobs.operations import humanize
 from django_rws_jobs.schedules.declared import declared
@@ -36,7 +37,9 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []  # it shows schedule errors itself
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
+        parser.add_argument(
+            "--database", default=None, help=f"database alias (default: {setting_default('DATABASE')})"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:

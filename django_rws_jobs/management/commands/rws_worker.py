@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
 import select
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
 from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import autoreload
 
 from django_rws_jobs.checks import check_value
+from django_rws_jobs.conf import jobs_settings
 from django_rws_jobs.database.connections import queue_alias
 from django_rws_jobs.database.validation import queue_list
+from django_rws_jobs.management import setting_default
 
 # Imported here, before --processes forks: a child that had to import the worker after the fork
 # would take longer to install its signal handlers, and a SIGTERM passed on in that time would kill
@@ -56,20 +61,20 @@ def _queues(value: str | None) -> list[str] | None:
 def _add_capacity_arguments(parser: CommandParser) -> None:
     """How many workers run, and on which queues."""
     parser.add_argument(
-        "--workers", "-w", type=_positive_int, default=1, help="worker threads per process (default 1)"
+        "--workers", "-w", type=_positive_int, default=1, help="worker threads per process (default: 1)"
     )
     parser.add_argument(
         "--processes",
         "-p",
         type=_positive_int,
         default=1,
-        help="worker processes, each with --workers threads, to use several cores (default 1)",
+        help="worker processes, each with --workers threads, to use several cores (default: 1)",
     )
     parser.add_argument(
         "--queues",
         "-q",
         default=None,
-        help="comma-separated queues to run (default: all; given, it must name one)",
+        help="comma-separated queues to run, at least one (default: every queue)",
     )
 
 
@@ -79,21 +84,22 @@ def _add_pool_arguments(parser: CommandParser) -> None:
         "--pool",
         choices=["threads", "processes"],
         default="threads",
-        help="where handlers run: in the worker's threads (default), or each executor's in a child "
-        "process, which a timeout, a crash or a limit below replaces",
+        help="where handlers run: in the worker's threads, or each executor's in a child process, which "
+        "a timeout, a crash or a limit below replaces (default: threads)",
     )
     parser.add_argument(
         "--max-jobs-per-child",
         type=_positive_int,
         default=None,
-        help="with --pool processes: replace a child after this many jobs",
+        help="with --pool processes: replace a child after this many jobs (default: no limit)",
     )
     parser.add_argument(
         "--max-memory-per-child",
         type=_positive_int,
         default=None,
         metavar="MB",
-        help="with --pool processes: replace a child once its peak memory passes this many MB",
+        help="with --pool processes: replace a child once its peak memory passes this many MB "
+        "(default: no limit)",
     )
 
 
@@ -101,13 +107,17 @@ def _add_run_arguments(parser: CommandParser) -> None:
     """When the worker stops, how long it waits when idle, and whether it runs the cron schedules."""
     parser.add_argument("--burst", action="store_true", help="exit 0 once nothing is due")
     parser.add_argument(
-        "--max-jobs", type=_positive_int, default=None, help="stop after this many jobs (per process)"
+        "--max-jobs",
+        type=_positive_int,
+        default=None,
+        help="stop after this many jobs (per process; default: no limit)",
     )
     parser.add_argument(
         "--poll-interval",
         type=float,
         default=None,
-        help="seconds an idle worker waits before looking again (default: POLL_INTERVAL)",
+        help="seconds an idle worker waits before looking again (default: "
+        f"{setting_default('POLL_INTERVAL')})",
     )
     parser.add_argument(
         "--schedules",
@@ -127,7 +137,13 @@ def _add_run_arguments(parser: CommandParser) -> None:
         default=None,
         metavar="PATH",
         help="touch this file once a heartbeat interval while the worker's roles make progress, for "
-        "`rws_health --heartbeat-file PATH` (a liveness probe that needs no database)",
+        "`rws_health --heartbeat-file PATH` (a liveness probe that needs no database; default: none)",
+    )
+    parser.add_argument(
+        "--reload",
+        action="store_true",
+        help="for development: restart the worker when a Python file of the project changes, as "
+        "runserver does (Django's autoreloader); one process only",
     )
 
 
@@ -139,7 +155,9 @@ class Command(BaseCommand):
         _add_capacity_arguments(parser)
         _add_pool_arguments(parser)
         _add_run_arguments(parser)
-        parser.add_argument("--database", default=None, help="database alias (default: RWS_JOBS['DATABASE'])")
+        parser.add_argument(
+            "--database", default=None, help=f"database alias (default: {setting_default('DATABASE')})"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         self._configure_logging(options["verbosity"])
@@ -167,6 +185,11 @@ class Command(BaseCommand):
             options["max_jobs_per_child"] or options["max_memory_per_child"]
         ):
             raise CommandError("--max-jobs-per-child and --max-memory-per-child need --pool processes")
+        if options["reload"]:
+            if options["processes"] > 1:
+                raise CommandError("--reload runs one process: leave out --processes")
+            autoreload.run_with_reloader(self._run_reloaded, settings)
+            return
         if options["processes"] > 1:
             code = self._run_processes(options["processes"], settings)
         else:
@@ -185,6 +208,33 @@ class Command(BaseCommand):
         if unblock:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
         return worker.run()
+
+    def _run_reloaded(self, settings: dict[str, Any]) -> None:
+        """Run one worker in the thread Django's autoreloader starts for it; its main thread watches
+        the files and exits (code 3, and the parent starts a new process) when one changes. The
+        worker then stops as on SIGTERM before the process ends: running jobs finish within
+        SHUTDOWN_TIMEOUT or are handed back. A worker that stops by itself (``--burst``,
+        ``--max-jobs``, a fatal error) ends the process with its exit code
+        (tests/test_worker.py::test_reload_restarts_the_worker_when_a_python_file_changes)."""
+        worker = Worker(**settings)
+        done = threading.Event()
+        exiting = threading.Event()
+
+        def stop_before_exit() -> None:
+            exiting.set()
+            worker.stop()
+            done.wait(float(jobs_settings.SHUTDOWN_TIMEOUT) + 60)
+
+        atexit.register(stop_before_exit)
+        try:
+            code = worker.run()
+        finally:
+            done.set()
+        if not exiting.is_set():
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
 
     def _run_processes(self, count: int, settings: dict[str, Any]) -> int:
         """Fork ``count`` worker processes and pass signals on to them; exit 0 if they all did.
