@@ -32,7 +32,12 @@ class Command(BaseCommand):
         )
         # No subcommand lists the queues, as ``list`` does
         # (tests/test_pauses.py::test_rws_queues_alone_lists_the_queues).
-        actions = parser.add_subparsers(dest="action", required=False, metavar="{list,pause,resume}")
+        actions = parser.add_subparsers(
+            dest="action",
+            required=False,
+            metavar="{list,pause,resume}",
+            help="what to do (default: list)",
+        )
         actions.add_parser(
             "list",
             help="each queue: paused or not, its limits, and its jobs waiting for a concurrency key, "
