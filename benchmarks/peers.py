@@ -16,9 +16,9 @@ start - the first's): every system's handler appends its start time to a file wi
   django-tasks-db 0.13.0 (`python -m django db_worker`, one task at a time: it has no
   concurrency setting) and django-ox 1.9.1, both on SQLite in WAL mode as ours is.
 
-The peers run from .venv/peers (pyproject's `peers` extra), on the same machine and database
-server. Also reported: each worker's peak resident memory (VmHWM) and the enqueue rate. The
-ratio is ours beside the fastest peer of the database; the memory goal of issue 40 is ours
+The peers run from .venv/peers (pyproject's `peers` dependency group), on the same machine and
+database server. Also reported: each worker's peak resident memory (VmHWM) and the enqueue rate.
+The ratio is ours beside the fastest peer of the database; the memory goal of issue 40 is ours
 beside the lightest Django-based peer.
 """
 

@@ -77,18 +77,21 @@ ensure_mariadb() {
     fi
 }
 
-# make_venv DIR MIN_PYTHON DJANGO_SPEC EXTRAS
+# make_venv DIR MIN_PYTHON DJANGO_SPEC GROUPS [EXTRAS]: the package, editable, with its EXTRAS
+# (comma-separated, e.g. tasks), and the dependency groups GROUPS of pyproject.toml (e.g. test,
+# docs), which pip installs from 25.1 on (`pip install --group`).
 make_venv() {
-    local dir=$1 minpy=$2 django=$3 extras=$4 py
-    local stamp="$dir/.rws-stamp" want
-    want="$django|$extras|$(sha1sum "$ROOT/pyproject.toml" | cut -c1-12)"
+    local dir=$1 minpy=$2 django=$3 groups=$4 extras=${5:-} py group
+    local stamp="$dir/.rws-stamp" want args=()
+    want="$django|$groups|$extras|$(sha1sum "$ROOT/pyproject.toml" | cut -c1-12)"
     if [ -x "$dir/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then return 0; fi
-    ensure_system_packages   # the test extra's mysqlclient builds against the MariaDB headers
+    ensure_system_packages   # the test group's mysqlclient builds against the MariaDB headers
     py=$(find_python "$minpy") || { log "no Python >= $minpy found"; return 1; }
     log "creating $dir with $py ($django)"
     rm -rf "$dir"
     "$py" -m venv "$dir"
-    "$dir/bin/python" -m pip install -q --upgrade pip >/dev/null
-    "$dir/bin/python" -m pip install -q -e "$ROOT[$extras]" "$django"
+    "$dir/bin/python" -m pip install -q --upgrade "pip>=25.1" >/dev/null
+    for group in ${groups//,/ }; do args+=(--group "$ROOT/pyproject.toml:$group"); done
+    "$dir/bin/python" -m pip install -q "${args[@]}" -e "$ROOT${extras:+[$extras]}" "$django"
     echo "$want" > "$stamp"
 }
