@@ -2,7 +2,8 @@
 (docs/snippets), the Prometheus rules and the metrics reference name metrics the endpoint serves,
 the pages' settings, commands and checks reference is written from the code (docs/_ext), and every
 code block of the pages and the README calls the API, names settings and passes command options
-that exist."""
+that exist, and the README's links are absolute, to pages and files that exist (a package index
+shows it)."""
 
 from __future__ import annotations
 
@@ -262,3 +263,42 @@ def test_the_pages_command_options_are_real():
             assert not unknown, f"{page}: {name} has no {sorted(unknown)}: {line}"
             checked += len(flags)
     assert checked > 10
+
+
+# The README is the package's page on an index, where a relative link leads nowhere: each link is
+# absolute, into the hosted documentation (a page of docs/) or to a file of the repository.
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def project_urls() -> dict[str, str]:
+    """pyproject.toml's [project.urls] (read as text: Python 3.10 has no tomllib)."""
+    text = (DOCS.parent / "pyproject.toml").read_text()
+    section = text.split("\n[project.urls]\n", 1)[1].split("\n[", 1)[0]
+    return dict(re.findall(r'^(\w+) = "([^"]+)"$', section, re.M))
+
+
+def docs_page(url: str, docs_url: str) -> Path:
+    """The page of docs/ that a link into the hosted documentation shows."""
+    path = url.removeprefix(docs_url).split("#")[0]
+    name = path.removesuffix(".html") if path.endswith(".html") else path + "index"
+    return DOCS / f"{name}.md"
+
+
+def test_the_readme_links_work_on_a_package_index():
+    urls = project_urls()
+    docs_url, source = urls["Documentation"], urls["Source"]
+    assert docs_url == "https://django-rws-jobs.readthedocs.io/en/latest/"  # .readthedocs.yaml's build
+    assert urls["Issues"] == f"{source}/issues"
+    assert docs_page(urls["Changelog"], docs_url).is_file()
+    raw = source.replace("https://github.com/", "https://raw.githubusercontent.com/") + "/main/"
+    links = LINK.findall((DOCS.parent / "README.md").read_text())
+    assert len(links) > 20
+    for link in links:
+        if link.startswith(docs_url):
+            assert docs_page(link, docs_url).is_file(), f"README.md: {link} is no page of docs/"
+        elif link.startswith(raw):
+            assert (DOCS.parent / link.removeprefix(raw)).is_file(), f"README.md: {link} is no file"
+        else:
+            assert link.startswith("https://"), f"README.md: {link} is relative"
+    assert any(link.startswith(raw) and link.endswith(".png") for link in links)  # the screenshot
