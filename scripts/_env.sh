@@ -77,6 +77,19 @@ ensure_mariadb() {
     fi
 }
 
+# The supported Django series, one virtualenv each: .venv/dj61 (the newest, where the lint, the
+# example, the benchmarks and the loops run), .venv/dj60 and .venv/dj52 (the LTS, on the oldest
+# Python the package supports, with the django_tasks backport of django.tasks).
+NEWEST=dj61
+django_venv() {
+    case $1 in
+        dj61) make_venv "$ROOT/.venv/dj61" 3.12 "Django>=6.1,<6.2" test ;;
+        dj60) make_venv "$ROOT/.venv/dj60" 3.12 "Django>=6.0,<6.1" test ;;
+        dj52) make_venv "$ROOT/.venv/dj52" 3.10 "Django>=5.2,<5.3" test tasks ;;
+        *) log "unknown Django series $1 (dj61, dj60, dj52)"; return 1 ;;
+    esac
+}
+
 # make_venv DIR MIN_PYTHON DJANGO_SPEC GROUPS [EXTRAS]: the package, editable, with its EXTRAS
 # (comma-separated, e.g. tasks), and the dependency groups GROUPS of pyproject.toml (e.g. test,
 # docs), which pip installs from 25.1 on (`pip install --group`).

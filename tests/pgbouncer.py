@@ -1,6 +1,6 @@
 """PgBouncer (Debian's package) in transaction mode in front of the test run's PostgreSQL.
 
-``RWS_TEST_POOLER=pgbouncer`` (the dj6:pgbouncer cell of scripts/test) sends the whole run, and
+``RWS_TEST_POOLER=pgbouncer`` (the dj61:pgbouncer cell of scripts/test) sends the whole run, and
 the workers it starts, through one started by tests/conftest.py; tests/test_pooler.py starts its
 own in the plain PostgreSQL cell.
 """

@@ -2,6 +2,9 @@ import math
 
 import pytest
 from django.core import checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.db import connection
 from django.test import override_settings
 
 from django_rws_jobs.checks import check_settings
@@ -116,6 +119,16 @@ def test_database_check_passes_here():
     from django_rws_jobs.checks import check_database
 
     assert check_database() == []
+
+
+@pytest.mark.django_db  # Django 6.1's model checks connect to every database
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="the SQLite library's version")
+def test_a_plain_check_reports_a_too_old_sqlite(monkeypatch):
+    import sqlite3
+
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 34, 1))
+    with pytest.raises(SystemCheckError, match="rws_jobs.E013"):
+        call_command("check")
 
 
 @pytest.mark.parametrize("value", ["default", ["missing"], [None], {"default": 1}])

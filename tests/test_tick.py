@@ -286,7 +286,7 @@ def test_a_mariadb_claim_that_fails_midway_rolls_back_and_its_connection_claims_
 
 @pytest.mark.skipif(
     __import__("os").environ.get("RWS_TEST_MYSQL_DRIVER") != "pymysql",
-    reason="the dj6:pymysql cell of scripts/test",
+    reason="the dj61:pymysql cell of scripts/test",
 )
 def test_under_pymysql_the_worker_claims_with_one_statement_per_call():
     """PyMySQL sends one statement per call (no CLIENT_MULTI_STATEMENTS): the claim's BEGIN, locking

@@ -80,7 +80,7 @@ def sends_several(conn: Any) -> bool:
     Asked of the client flags the connection was opened with (mysqlclient sets the flag by
     default, PyMySQL does not), not of the driver's name. The claim sends single statements
     where it is off (tests/test_tick.py test_under_pymysql_the_worker_claims_with_one_statement_per_call;
-    the dj6:pymysql cell of scripts/test runs the MariaDB tests through PyMySQL).
+    the dj61:pymysql cell of scripts/test runs the MariaDB tests through PyMySQL).
     """
     return bool(getattr(conn.connection, "client_flag", 0) & CLIENT_MULTI_STATEMENTS)
 
