@@ -91,6 +91,17 @@ if os.environ.get("RWS_TEST_DIRECT_PORT"):
         "TEST": {"MIRROR": "default"},
     }
 
+# tests/test_worker.py's worker beside a database that is down: a MariaDB alias on a port where
+# nothing listens (a MariaDB one, since Django's model checks connect to it to learn its version).
+if os.environ.get("RWS_TEST_DOWN_ALIAS"):
+    DATABASES["reports"] = {
+        "ENGINE": "django.db.backends.mysql",
+        "HOST": "127.0.0.1",
+        "PORT": os.environ["RWS_TEST_DOWN_ALIAS"],
+        "NAME": "reports",
+        "USER": "reports",
+    }
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",

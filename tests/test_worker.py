@@ -248,6 +248,15 @@ def test_queues_option_limits_the_worker(workers):
     assert list(Job.objects.values_list("queue", flat=True)) == ["b"]
 
 
+def test_a_worker_starts_while_another_database_is_down(workers):
+    # Its system checks look at the queue's database only: Django 6.1's model checks connect to
+    # every alias unless told which (management.QueueCommand).
+    rws.enqueue("test.record", "x")
+    w = workers("--burst", env={"RWS_TEST_DOWN_ALIAS": "9"})
+    assert w.wait() == 0, w.output()
+    assert run_counts() == {"x": 1}
+
+
 def test_max_jobs_stops_the_worker(workers):
     for i in range(5):
         rws.enqueue("test.record", str(i))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from django_rws_jobs.database.connections import queue_alias
 from django_rws_jobs.database.validation import queue_list
-from django_rws_jobs.management import setting_default
+from django_rws_jobs.management import QueueCommand, setting_default
 from django_rws_jobs.tasks.prune import describe, policies, prune
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -30,7 +30,7 @@ def duration(text: str) -> float:
     return seconds
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = (
         "Delete the results of django.tasks tasks (rws_task_results) older than --older-than, by "
         "default each task backend's OPTIONS['RESULTS_RETENTION']."

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from django_rws_jobs.admin.overview import queue_stats, shown
 from django_rws_jobs.admin.waits import limits_text
@@ -14,13 +14,13 @@ from django_rws_jobs.database.connections import queue_alias
 from django_rws_jobs.database.validation import queue_name
 from django_rws_jobs.flow.limits import configured
 from django_rws_jobs.flow.pauses import pause_queue, resume_queue
-from django_rws_jobs.management import setting_default
+from django_rws_jobs.management import QueueCommand, setting_default
 from django_rws_jobs.models import Queue
 
 COLUMNS = ("QUEUE", "STATE", "LIMITS", "WAITING", "DUE", "LATER", "RUNNING", "FAILED")
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = (
         "List the queues with their counts and whether they are paused, or pause or resume queues. "
         "A paused queue's jobs wait, on every worker, until it is resumed; running jobs finish."

@@ -14,14 +14,14 @@ import time
 from typing import Any
 
 from django.core.checks import Tags
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.utils import autoreload
 
 from django_rws_jobs.checks import check_value
 from django_rws_jobs.conf import jobs_settings
 from django_rws_jobs.database.connections import queue_alias
 from django_rws_jobs.database.validation import queue_list
-from django_rws_jobs.management import setting_default
+from django_rws_jobs.management import QueueCommand, setting_default
 
 # Imported here, before --processes forks: a child that had to import the worker after the fork
 # would take longer to install its signal handlers, and a SIGTERM passed on in that time would kill
@@ -147,7 +147,7 @@ def _add_run_arguments(parser: CommandParser) -> None:
     )
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = "Run django-rws-jobs workers: claim due jobs, run them, retry failures, enqueue cron jobs."
     requires_system_checks = [Tags.models, "rws_jobs"]
 
