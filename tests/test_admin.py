@@ -795,3 +795,79 @@ def test_deleting_a_dead_dependency_cancels_what_waits_for_its_retry(admin_clien
         delete_post(admin_client, dead, confirm=True)
     assert not Job.objects.filter(id=dead).exists()
     assert Job.objects.get(id=waits).status == "cancelled"
+
+
+# ---- the pages together ------------------------------------------------------------------
+
+#: The app's seven admin pages (docs/howto/admin.md, "The pages at a glance"), in the order of
+#: their links.
+PAGES = {
+    "Queue overview": OVERVIEW,
+    "Jobs": JOBS,
+    "Dead-letter list": DEAD,
+    "Schedules": SCHEDULES,
+    "Workers": reverse("admin:django_rws_jobs_worker_changelist"),
+    "Batches": reverse("admin:django_rws_jobs_batchrecord_changelist"),
+    "Task results": reverse("admin:django_rws_jobs_taskresultrecord_changelist"),
+}
+
+
+def tool_links(html: str) -> list[str]:
+    """The hrefs of a page's top-right buttons (Django's object-tools list)."""
+    tools = re.search(r'<ul class="object-tools">(.*?)</ul>', html, re.S)
+    assert tools, "the page has no object-tools list"
+    return re.findall(r'<a href="([^"]+)"', tools.group(1))
+
+
+def test_every_page_links_to_every_other_page(admin_client):
+    """Each of the seven pages carries the same links, in the same order: the six others."""
+    everything = list(PAGES.values())
+    for name, url in PAGES.items():
+        response = admin_client.get(url, follow=True)
+        assert response.status_code == 200, name
+        assert tool_links(response.content.decode()) == [u for u in everything if u != url], name
+
+
+def test_a_job_page_links_to_every_page(admin_client):
+    make_job("dead-1", status="failed")
+    for url in (
+        reverse("admin:django_rws_jobs_job_change", args=["dead-1"]),
+        reverse("admin:django_rws_jobs_failedjob_change", args=["dead-1"]),
+    ):
+        links = tool_links(admin_client.get(url).content.decode())
+        assert [u for u in links if u in PAGES.values()] == list(PAGES.values()), url
+
+
+ACTIONS_BUTTON = re.compile(r'<button type="submit" class="button"[^>]*name="index"[^>]*>([^<]*)</button>')
+
+
+@pytest.fixture
+def project_actions_template(tmp_path, settings):
+    """A project's own admin/actions.html, as a project may override Django's."""
+    (tmp_path / "admin").mkdir()
+    (tmp_path / "admin" / "actions.html").write_text(
+        '{% extends "admin/actions.html" %}{% block actions-submit %}'
+        '<button type="submit" class="button" name="index" value="0">Apply</button>{% endblock %}'
+    )
+    # The project's folder first, before the apps' templates (Django's own included).
+    settings.TEMPLATES = [{**settings.TEMPLATES[0], "DIRS": [str(tmp_path)]}]
+    return "Apply"
+
+
+@pytest.mark.parametrize("override", [False, True], ids=["django", "project-override"])
+def test_action_buttons_read_alike(admin_client, request, override):
+    """The lists with actions (jobs, dead-letter list, batches) show Django's own button, as
+    Django's pages do (the user list): "Go" before Django 6.0, "Run" since, or a project's own."""
+    make_job("dead-1", status="failed")
+    make_job("pending-1")
+    with rws.batch(description="import") as b:
+        b.enqueue("test.record", "row", run_in=600)
+    expected = request.getfixturevalue("project_actions_template") if override else None
+    buttons = {}
+    for url in (JOBS, DEAD, PAGES["Batches"], reverse("admin:auth_user_changelist")):
+        found = ACTIONS_BUTTON.findall(admin_client.get(url).content.decode())
+        assert found, url
+        buttons[url] = set(found)
+    assert len(set(map(frozenset, buttons.values()))) == 1, buttons
+    if expected:
+        assert buttons[DEAD] == {expected}

@@ -308,3 +308,22 @@ def test_a_jobs_progress_bar_and_metadata(page, live_server):
     assert '"tenant": "acme"' in page.locator(".field-metadata_detail").inner_text()
     page.goto(f"{live_server.url}/admin/django_rws_jobs/job/?status__exact=failed")
     assert page.locator("progress.rws-progress").get_attribute("title") == "3 / 4 step 3"
+
+
+def test_every_page_shows_the_same_links(page, live_server):
+    """Seen in the browser, each of the seven pages' top-right buttons name the six others."""
+    from django.urls import reverse
+
+    pages = {  # the link's text: the page's URL name
+        "Queue overview": "job_overview",
+        "All jobs": "job_changelist",
+        "Dead-letter list": "failedjob_changelist",
+        "Schedules": "jobschedule_changelist",
+        "Workers": "worker_changelist",
+        "Batches": "batchrecord_changelist",
+        "Task results": "taskresultrecord_changelist",
+    }
+    for name, url_name in pages.items():
+        page.goto(live_server.url + reverse(f"admin:django_rws_jobs_{url_name}"))
+        shown = [text.strip() for text in page.locator("ul.object-tools a").all_text_contents()]
+        assert shown == [n for n in pages if n != name], (name, shown)

@@ -16,7 +16,7 @@ from django.utils.text import Truncator
 
 from ..database import clock
 from ..database.connections import queue_alias
-from ..models import BatchRecord, FailedJob, Job, JobSchedule, Worker
+from ..models import BatchRecord, FailedJob, Job, JobSchedule, TaskResultRecord, Worker
 from ..operations import humanize
 
 #: Rows a count on a big table reads at most: past it the jobs list says "more than", the
@@ -120,7 +120,10 @@ class QueueDatabaseAdmin(admin.ModelAdmin):
 
 
 def links(request: HttpRequest, model_admin: admin.ModelAdmin) -> dict[str, str | None]:
-    """URLs of the queue's other admin pages that this user may see (None for the others)."""
+    """URLs of the queue's admin pages that this user may see (None for the others).
+
+    Every page of the app shows them all but itself, in this order (_links.html;
+    tests/test_admin.py::test_every_page_links_to_every_other_page)."""
     site = model_admin.admin_site
 
     def url(name: str, model: type[Any]) -> str | None:
@@ -135,4 +138,5 @@ def links(request: HttpRequest, model_admin: admin.ModelAdmin) -> dict[str, str 
         "schedules_url": url("jobschedule_changelist", JobSchedule),
         "workers_url": url("worker_changelist", Worker),
         "batches_url": url("batchrecord_changelist", BatchRecord),
+        "task_results_url": url("taskresultrecord_changelist", TaskResultRecord),
     }

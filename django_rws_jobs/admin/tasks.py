@@ -13,7 +13,7 @@ from django.utils.translation import gettext_lazy as _
 from ..models import Job, TaskResultRecord
 from ..queue.registry import TASK_PREFIX
 from ..tasks import history
-from .common import QueueDatabaseAdmin, ReadOnlyAdminMixin, pre, short_text, time_cell
+from .common import QueueDatabaseAdmin, ReadOnlyAdminMixin, links, pre, short_text, time_cell
 
 #: The fields of a task row's "Task" fieldset.
 TASK_FIELDS = ("task_path", "args", "kwargs", "task_errors", "worker_ids")
@@ -87,6 +87,11 @@ class TaskResultAdmin(TaskDetail, ReadOnlyAdminMixin, QueueDatabaseAdmin):
     )
     readonly_fields = fields
     actions = None
+    change_list_template = "django_rws_jobs/admin/taskresultrecord_change_list.html"
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        context = {**links(request, self), "title": _("Task results")}
+        return super().changelist_view(request, {**context, **(extra_context or {})})
 
     @admin.display(description=_("finished"), ordering="finished_at")
     def finished(self, obj: TaskResultRecord) -> SafeString | str:
