@@ -1,6 +1,10 @@
 # shop/tasks.py
 from django.core.mail import send_mail
-from django.tasks import task
+
+try:
+    from django.tasks import task  # Django 6
+except ImportError:  # Django 5.2: the backport, pip install "django-rws-jobs[tasks]"
+    from django_tasks import task
 
 
 @task(queue_name="default", priority=10)
