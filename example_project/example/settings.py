@@ -1,5 +1,6 @@
 """A small shop on SQLite: the settings a user writes. The queue configures SQLite itself."""
 
+import os
 from pathlib import Path
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -42,12 +43,21 @@ TEMPLATES = [
         },
     }
 ]
-DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": BASE_DIR / "db.sqlite3"}}
+# SHOP_DB: another file (the example's test uses its own).
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("SHOP_DB", BASE_DIR / "db.sqlite3"),
+    }
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 STATIC_URL = "static/"
 
 # Django's @task runs on the same tables and worker as the @job handlers (docs/tasks.md).
 TASKS = {"default": {"BACKEND": "django_rws_jobs.tasks.RwsJobsBackend", "QUEUES": ["default"]}}
+
+# How long the import's jobs take per row, so its progress bars can be watched.
+SHOP_IMPORT_ROW_SECONDS = float(os.environ.get("SHOP_IMPORT_ROW_SECONDS", "0.02"))
 
 RWS_JOBS = {
     "MAX_RETRIES": 2,
