@@ -29,10 +29,12 @@ def test_the_first_job_tutorial_runs_as_written(tmp_path):
     assert posted.startswith("receipt job "), posted
     job_id = posted.split()[2]
     # The admin, before a worker ran: the job waits in its queue.
-    assert "shop.send_receipt" in out["admin"] and "mailers" in out["admin"], out["admin"]
+    assert job_id in out["admin"] and "shop.send_receipt" in out["admin"], out["admin"]
     # The --burst worker ran it: the console backend printed the email, the worker counted it done.
     burst = out["python manage.py rws_worker --burst"]
     assert "Subject: Your receipt" in burst and "To: ada@example.com" in burst, burst
     assert "stopped: 1 done, 0 retried, 0 dead" in burst, burst
+    assert job_id not in out["admin after the worker"]  # its row was deleted
+    assert "mailers" in out["admin after the worker"]  # (the same page, the queue's filter)
     assert '"POST /order/ HTTP/1.1" 202' in out["runserver"], out["runserver"]
     assert job_id not in tutorial.outputs["python manage.py rws_worker --workers 4"]  # nothing left

@@ -143,6 +143,9 @@ class Tutorial:
             answers = {"DJANGO_SUPERUSER_USERNAME": "ada", "DJANGO_SUPERUSER_EMAIL": "ada@example.com"}
             self.run(f"{line} --noinput", env={**answers, "DJANGO_SUPERUSER_PASSWORD": "tutorial-pw-1"})
             self.outputs["admin"] = self.admin_page("/admin/django_rws_jobs/job/")
+        elif line == "python manage.py rws_worker --burst":
+            self.outputs[line] = self.run(line)
+            self.outputs["admin after the worker"] = self.admin_page("/admin/django_rws_jobs/job/")
         elif line == "python manage.py rws_worker --workers 4":
             # Runs until Ctrl-C, as the page says: started, then interrupted; it exits cleanly.
             worker = subprocess.Popen(
