@@ -11,11 +11,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
 SHOP = ROOT / "example_project"
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        connection.vendor != "sqlite", reason="SQLite, whatever the run's database: once, in its cells"
+    ),
+]
 
 pytest.importorskip("django.tasks", reason="the example shop has a django.tasks task (Django 6)")
 
