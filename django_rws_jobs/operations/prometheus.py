@@ -115,6 +115,7 @@ class QueueCollector:
         for queue in sorted(set(queues) | set(locked)):
             stuck.add_metric([queue], locked.get(queue, 0))
         yield stuck
+        yield from horizon_gauges(self.alias)
         alive = sum(
             1
             for w in Worker.objects.using(self.alias).only("heartbeat_at", "heartbeat_interval")
@@ -139,6 +140,57 @@ class QueueCollector:
             for (queue, job_type), values in sorted(counters.items()):
                 family.add_metric([queue, job_type], values[i])
             yield family
+
+
+def horizon_gauges(alias: str) -> Iterator[Any]:
+    """What holds back the cleanup of the queue's table (BaseBackend.horizon): only the gauges
+    the queue's database measures (tests/test_horizon.py)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from ..database.backends import backend_for
+
+    found = backend_for(connections[alias]).horizon()
+    if found.snapshot_age is not None:
+        yield GaugeMetricFamily(
+            "rws_db_oldest_snapshot_age_seconds",
+            "How long the oldest transaction that holds back the cleanup of the queue's rows has "
+            "been open (0: none)",
+            value=found.snapshot_age,
+        )
+        holder = GaugeMetricFamily(
+            "rws_db_oldest_snapshot_holder",
+            "The session holding that transaction; the value is when its last statement began (unix seconds)",
+            labels=["pid", "user", "state"],
+        )
+        if found.holder is not None:
+            h = found.holder
+            holder.add_metric([str(h.pid), h.user, h.state], h.query_start or 0)
+        yield holder
+    if found.slots is not None:
+        slots = GaugeMetricFamily(
+            "rws_db_replication_slot_xmin_age",
+            "Transactions since the xmin (or catalog_xmin) a replication slot holds back",
+            labels=["slot", "xmin"],
+        )
+        for name, kind, age in found.slots:
+            slots.add_metric([name, kind], age)
+        yield slots
+    if found.dead_rows is not None:
+        yield GaugeMetricFamily(
+            "rws_db_dead_rows",
+            "Dead row versions of the queue's table not vacuumed yet",
+            value=found.dead_rows,
+        )
+    if found.undo_history is not None:
+        yield GaugeMetricFamily(
+            "rws_db_undo_history_length",
+            "InnoDB's history list length: undo logs not purged yet (every table's)",
+            value=found.undo_history,
+        )
+    if found.wal_bytes is not None:
+        yield GaugeMetricFamily(
+            "rws_db_wal_bytes", "The size of the SQLite database's -wal file", value=found.wal_bytes
+        )
 
 
 def read_batches(alias: str) -> tuple[dict[str, int], int | None]:

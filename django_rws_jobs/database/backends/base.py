@@ -19,6 +19,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ...conf import jobs_settings
 from .claimed import CLAIM_COLUMNS, Claimed
 from .cursors import DriverCursor
+from .horizon import Horizon
 from .inserts import insert_multirow
 from .statements import DELETED_RETURNING, Sql, Statements, band_order_key, one_queue
 
@@ -209,6 +210,14 @@ class BaseBackend(Statements):
                 free = {row[0] for row in c.fetchall()}
                 transaction.set_rollback(True, using=self.conn.alias)
         return [row for row in every if row[0] not in free]
+
+    # -- what holds back the cleanup of the queue's table -----------------------------------------
+
+    def horizon(self) -> Horizon:
+        """The oldest snapshot that holds back the cleanup of the queue's table, its holder and
+        what waits to be cleaned up, read on this (Django's) connection (database/backends/
+        horizon.py); the base backend measures nothing."""
+        return Horizon()
 
     # -- the public API's statements --------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from typing import Any
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
+from . import horizon
 from .base import BaseBackend, BaseFeatures, Store, idle_transaction_seconds, is_registered
 from .claimed import CLAIM_COLUMNS, Claimed, claim_order_key
 from .cursors import DriverCursor
@@ -120,6 +121,11 @@ class DeferringCursor(DriverCursor):
 
 class MySQLBackend(BaseBackend):
     features_class = MySQLFeatures
+
+    def horizon(self) -> horizon.Horizon:
+        """The oldest InnoDB transaction and the history list length (tests/test_horizon.py)."""
+        with self.conn.cursor() as c:
+            return horizon.mysql(c)
 
     def upsert_adding(
         self,

@@ -13,6 +13,7 @@ from typing import Any
 from django.db import transaction
 
 from ...conf import jobs_settings
+from . import horizon
 from .base import BaseBackend, BaseFeatures, idle_transaction_seconds
 from .cursors import PLACEHOLDER, DriverCursor
 from .inserts import COPY_SQL
@@ -328,6 +329,12 @@ class PostgreSQLBackend(BaseBackend):
         # row of the bands above; OFFSET 0 keeps the due rows a query of their own.
         due = self.due_rows("priority", queues, below, now)
         return Sql("SELECT MAX(priority) FROM (").join(due).add(" OFFSET 0) AS due")
+
+    def horizon(self) -> horizon.Horizon:
+        """The oldest session of this database with a snapshot or a transaction id, the slots
+        holding an xmin, and the queue table's dead rows (tests/test_horizon.py)."""
+        with self.conn.cursor() as c:
+            return horizon.postgresql(c)
 
     def driver_cursor(self) -> DriverCursor:
         raw = self.conn.cursor().cursor.connection  # connects as Django does

@@ -11,6 +11,7 @@ from typing import Any
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ...conf import jobs_settings
+from . import horizon
 from .base import BaseBackend, BaseFeatures
 from .cursors import DriverCursor
 from .statements import DUE_INDEX
@@ -64,6 +65,11 @@ class SQLiteBackend(BaseBackend):
         the whole table for recovery's ORDER BY locked_until instead (tests/test_explain.py
         test_lease_statements_read_only_running_rows_with_a_million_future_rows)."""
         return f" INDEXED BY {DUE_INDEX}"
+
+    def horizon(self) -> horizon.Horizon:
+        """The size of the -wal file: a reader that stays open keeps every checkpoint from
+        restarting it, and it grows with every write (tests/test_horizon.py)."""
+        return horizon.sqlite(self.conn)
 
     def configure_session(self) -> None:
         if sets_up_sqlite(self.conn):

@@ -74,6 +74,26 @@ class Command(BaseCommand):
             "(every claim skips them)",
         )
         parser.add_argument(
+            "--max-snapshot-age",
+            type=float,
+            metavar="SECONDS",
+            help="no transaction has held back the cleanup of the queue's rows longer than this "
+            "(PostgreSQL, MariaDB)",
+        )
+        parser.add_argument(
+            "--max-dead-rows",
+            type=_non_negative,
+            metavar="N",
+            help="at most N dead row versions of the queue's table wait for VACUUM (PostgreSQL), "
+            "at most N undo logs wait for purge (MariaDB's history list length)",
+        )
+        parser.add_argument(
+            "--max-wal-bytes",
+            type=_non_negative,
+            metavar="N",
+            help="the SQLite database's -wal file is at most N bytes",
+        )
+        parser.add_argument(
             "--max-open-batch-age",
             type=float,
             metavar="SECONDS",
@@ -82,7 +102,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print a JSON object instead of a line")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        for flag in ("max_due_age", "max_open_batch_age"):
+        for flag in ("max_due_age", "max_open_batch_age", "max_snapshot_age"):
             if options[flag] is not None and not options[flag] >= 0:
                 name = "--" + flag.replace("_", "-")
                 raise CommandError(f"{name} {options[flag]!r} must be a number of seconds >= 0")
@@ -97,6 +117,7 @@ class Command(BaseCommand):
             options["max_blocked"] is not None,
             options["max_open_batch_age"] is not None,
             options["max_locked_due"] is not None,
+            *(options[flag] is not None for flag in HORIZON_FLAGS),
         )
         if options["heartbeat_file"] is None or any(database_checks):
             findings.update(database(options))
@@ -224,6 +245,8 @@ def thresholds(alias: str, options: dict[str, Any]) -> dict[str, Finding]:
         found["max_blocked"] = counted(n, limit, "blocked", "max-blocked", "")
     if options["max_locked_due"] is not None:
         found["max_locked_due"] = locked(alias, now, options["max_locked_due"])
+    if any(options[flag] is not None for flag in HORIZON_FLAGS):
+        found.update(horizon(alias, options))
     if options["max_open_batch_age"] is not None:
         found["open_batch_age"] = open_batch_age(alias, now, options["max_open_batch_age"])
     return found
@@ -244,6 +267,62 @@ def locked(alias: str, now: int, limit: int) -> Finding:
         + ("" if ok else f", over --max-locked-due {limit}")
         + note
     )
+
+
+HORIZON_FLAGS = ("max_snapshot_age", "max_dead_rows", "max_wal_bytes")
+
+
+def horizon(alias: str, options: dict[str, Any]) -> dict[str, Finding]:
+    """What holds back the cleanup of the queue's table (BaseBackend.horizon); a limit the
+    database has no measure for is said so, and healthy."""
+    from django.db import connections
+
+    from django_rws_jobs.database.backends import backend_for
+
+    conn = connections[alias]
+    h = backend_for(conn).horizon()
+    found: dict[str, Finding] = {}
+    see = "see docs/howto/databases.md"
+    limit = options["max_snapshot_age"]
+    if limit is not None:
+        if h.snapshot_age is None:
+            found["snapshot_age"] = (True, f"the oldest snapshot's age is not measured on {conn.vendor}")
+        else:
+            who = f" (held by {h.holder.describe()})" if h.holder is not None else ""
+            ok = h.snapshot_age <= limit
+            found["snapshot_age"] = (
+                ok,
+                f"the oldest transaction holding back the queue's cleanup has been open "
+                f"{h.snapshot_age:.0f}s{who}" + ("" if ok else f", over --max-snapshot-age {limit:g}: {see}"),
+            )
+    limit = options["max_dead_rows"]
+    if limit is not None:
+        if h.dead_rows is not None:
+            n, what = h.dead_rows, "dead row version(s) of rws_jobs not vacuumed"
+        elif h.undo_history is not None:
+            n, what = h.undo_history, "undo log(s) not purged (history list length)"
+        else:
+            n, what = None, ""
+        if n is None:
+            found["dead_rows"] = (True, f"dead rows are not measured on {conn.vendor}")
+        else:
+            ok = n <= limit
+            found["dead_rows"] = (
+                ok,
+                f"{n} {what}" + ("" if ok else f", over --max-dead-rows {limit}: {see}"),
+            )
+    limit = options["max_wal_bytes"]
+    if limit is not None:
+        if h.wal_bytes is None:
+            found["wal_bytes"] = (True, f"the WAL file's size is not measured on {conn.vendor}")
+        else:
+            ok = h.wal_bytes <= limit
+            found["wal_bytes"] = (
+                ok,
+                f"the -wal file is {h.wal_bytes} bytes"
+                + ("" if ok else f", over --max-wal-bytes {limit}: {see}"),
+            )
+    return found
 
 
 def open_batch_age(alias: str, now: int, limit: float) -> Finding:
