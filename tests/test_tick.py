@@ -9,6 +9,7 @@ from django_rws_jobs.models import Job
 from django_rws_jobs.queue.runner import backoff_delay, record
 from django_rws_jobs.queue.store import Store
 from django_rws_jobs.signals import job_dead
+from tests.features import skip_unless_db_feature
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -197,9 +198,27 @@ def _claim(store, token, limit):
     return [j.payload for j in store.claim(token, now, now + 60, None, limit)]
 
 
+@skip_unless_db_feature("resumes_claims")
+def test_a_claim_from_the_top_resumes_after_the_last_row_it_took():
+    # The next claim starts there (tests/test_explain.py shows the range it reads), for a while.
+    from django.db import connection
+
+    from django_rws_jobs.database.backends import base
+
+    ids = [rws.enqueue("test.record", str(i)) for i in range(5)]
+    store = Store(connection)
+    now = int(time.time())
+    store.claim("w#1", now, now + 60, None, 2)
+    row = Job.objects.get(id=ids[1])
+    assert store.resume == (row.priority, row.next_run_at, row.created_at, row.id)
+    assert 0 < store.resume_until - time.monotonic() <= base.RESUME_SECONDS
+    store.claim("w#2", now, now + 60, None, 2)
+    assert store.resume[3] == ids[3]
+
+
 def test_a_job_handed_back_behind_the_last_claim_is_taken_by_the_next_short_claim():
-    # MariaDB's claims start after the row the last one stopped at (store.after_point); a job
-    # that sorts before that point must still be found: by the first claim that comes back short.
+    # PostgreSQL's and MariaDB's claims start after the row the last one took (resume_point); a
+    # job that sorts before that point must still be found: by the first claim that comes back short.
     from django.db import connection
 
     for i in range(10):
@@ -218,9 +237,9 @@ def test_a_job_handed_back_behind_the_last_claim_is_taken_by_the_next_short_clai
 def test_a_job_handed_back_behind_the_last_claim_is_in_order_again_after_resume_seconds(monkeypatch):
     from django.db import connection
 
-    from django_rws_jobs.database.backends import mysql
+    from django_rws_jobs.database.backends import base
 
-    monkeypatch.setattr(mysql, "RESUME_SECONDS", 0.2)
+    monkeypatch.setattr(base, "RESUME_SECONDS", 0.2)
     for i in range(10):
         rws.enqueue("test.record", str(i))
     store = Store(connection)

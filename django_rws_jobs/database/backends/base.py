@@ -9,6 +9,7 @@ connections need; the claim algorithm below runs on every database, with hooks.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, Protocol
@@ -25,6 +26,9 @@ from .statements import DELETED_RETURNING, Sql, Statements, band_order_key, one_
 
 #: Member rows per INSERT (two parameters each: within SQLite's 999 of old builds).
 MEMBERS_PER_INSERT = 400
+#: How long claims keep starting at a resume point before one starts from its band's start again
+#: (see BaseBackend.resume_point).
+RESUME_SECONDS = 1.0
 
 
 class Store(Protocol):
@@ -75,8 +79,10 @@ class BaseFeatures:
     #: How an idle worker learns of new jobs: "listen" (LISTEN/NOTIFY), "data_version" (SQLite's
     #: PRAGMA data_version) or "poll".
     wakeup = "poll"
-    #: A claim starts after the row the last one took (see MySQLBackend.claim_band).
+    #: A claim starts after the row the last one took (see BaseBackend.resume_point).
     resumes_claims = False
+    #: ... also when it filters by queue (MariaDB cannot bound the range by the point then).
+    resumes_with_queue_filter = False
     #: What enqueue_many uses while no execute wrapper watches: "copy", "pipelined" or "multirow".
     bulk_insert = "multirow"
     #: DELETE ... RETURNING.
@@ -301,6 +307,33 @@ class BaseBackend(Statements):
                 probe_first = True
         return taken
 
+    def resume_point(self, store: Store, queues: Sequence[str] | None) -> tuple[Any, ...] | None:
+        """Where a claim from the top starts: after the row the Store's last claim took, as
+        (priority, next_run_at, created_at, id), or None to start at the band's start.
+
+        Every claim leaves the index entries of the rows it took behind it, dead but kept until
+        vacuum (PostgreSQL) or purge (InnoDB) removes them, which an old snapshot or read view
+        holds back; a claim from the band's start visits each, a resumed one seeks past them
+        (tests/test_explain.py test_a_resumed_claim_starts_at_its_point_past_dead_entries). Rows
+        that sort before the point (a job handed back or recovered, one enqueued with a due
+        time in the past, a waiting job promoted, a transaction that commits late) are found
+        when a resumed claim comes back short, which then looks from the band's start, and at
+        the latest RESUME_SECONDS after a claim last started there.
+        """
+        if store.resume is None or time.monotonic() >= store.resume_until:
+            return None
+        if queues and not self.features.resumes_with_queue_filter:
+            return None
+        return store.resume
+
+    def keep_resume_point(self, store: Store, queues: Sequence[str] | None, job: Claimed) -> None:
+        """The next claim from the top resumes after ``job``, the last row a claim took."""
+        if queues and not self.features.resumes_with_queue_filter:
+            return
+        if store.resume is None or time.monotonic() >= store.resume_until:
+            store.resume_until = time.monotonic() + RESUME_SECONDS  # from a claim that began at the start
+        store.resume = (job.priority, job.next_run_at, job.created_at, job.id)
+
     def claim_band(
         self,
         store: Store,
@@ -315,7 +348,15 @@ class BaseBackend(Statements):
     ) -> list[Claimed]:
         """Claim up to ``want`` due jobs of ``band`` (None: the top band below ``below``), in claim
         order: one UPDATE ... RETURNING."""
-        select = self.claim_select("id", queues, below, band, now, want)
+        return self.mark(
+            store, c, self.claim_select("id", queues, below, band, now, want), token, lease_until, now
+        )
+
+    def mark(
+        self, store: Store, c: Any, select: Sql, token: str, lease_until: int, now: int
+    ) -> list[Claimed]:
+        """Mark the rows ``select`` finds as claimed by ``token``, in one UPDATE ... RETURNING;
+        return them in claim order."""
         store.execute(c, *self.claim_update(select, token, lease_until, now))
         rows = [Claimed.from_row(row, token) for row in c.fetchall()]
         rows.sort(key=band_order_key)  # RETURNING does not keep the subquery's order

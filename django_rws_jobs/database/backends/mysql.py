@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cached_property
@@ -29,7 +28,6 @@ from .statements import (
 )
 
 #: How long a dispatcher's claims start after the last row it claimed (seconds).
-RESUME_SECONDS = 1.0
 #: The protocol's CLIENT_MULTI_STATEMENTS capability flag.
 CLIENT_MULTI_STATEMENTS = 1 << 16
 LOCKING = " FOR UPDATE SKIP LOCKED"
@@ -281,22 +279,22 @@ class MySQLBackend(BaseBackend):
         (a sorted FOR UPDATE would lock every row it read first) and SKIP LOCKED passes over rows
         another worker holds.
 
-        A claim from the top starts after the row the Store's last claim took (its resume point):
-        InnoDB keeps the claimed rows' index entries, delete-marked, until its purge gets to them,
-        and a locking read from the band's start visits each. Rows that sort before the point (a
-        job handed back, or enqueued with a due time in the past) are found when a resumed claim
-        comes back short, which looks from the band's start too, and at the latest after
-        RESUME_SECONDS, when a claim starts from the beginning again.
+        A claim from the top starts after the row the Store's last claim took (its resume point,
+        BaseBackend.resume_point): InnoDB keeps the claimed rows' index entries, delete-marked,
+        until its purge gets to them, and a locking read from the band's start visits each. A
+        resumed claim that comes back short looks from the band's start too, in the same
+        transaction. Not with a queue filter: then MariaDB cannot know the top band when it
+        plans the claim (the subquery must read rows), and the point would not bound the range.
         """
         from_top = below is None and band is None  # the claim's first look
-        resume = self._resume_point(store, queues) if from_top else None
+        resume = self.resume_point(store, queues) if from_top else None
         select = self.claim_select(CLAIM_COLUMNS, queues, below, band, now, want)
         claim = _Claim(store, token, [token, lease_until, now], want)
         if resume is not None:
             claim.resumed = self.claim_select(CLAIM_COLUMNS, queues, below, band, now, want, after=resume)
         rows = self._in_transaction(store, claim, select)
         if rows:
-            self._keep_resume_point(store, queues, rows[-1])
+            self.keep_resume_point(store, queues, rows[-1])
         return rows
 
     def _in_transaction(self, store: Store, claim: _Claim, select: Sql) -> list[Claimed]:
@@ -316,20 +314,6 @@ class MySQLBackend(BaseBackend):
             except BaseException:
                 _roll_back(kept.cursor)
                 raise
-
-    def _resume_point(self, store: Store, queues: Sequence[str] | None) -> tuple[Any, ...] | None:
-        # Not with a queue filter: then MariaDB cannot know the top band when it plans the claim
-        # (the subquery must read rows), and the point would not bound the range.
-        if queues or store.resume is None or time.monotonic() >= store.resume_until:
-            return None
-        return store.resume
-
-    def _keep_resume_point(self, store: Store, queues: Sequence[str] | None, job: Claimed) -> None:
-        if queues:
-            return
-        if store.resume is None or time.monotonic() >= store.resume_until:
-            store.resume_until = time.monotonic() + RESUME_SECONDS  # from a claim that began at the start
-        store.resume = (job.priority, job.next_run_at, job.created_at, job.id)
 
     def delete_finished(
         self, store: Store, c: Any, token: str, ids: list[str], metadata: bool = False

@@ -14,10 +14,11 @@ from django.db import transaction
 
 from ...conf import jobs_settings
 from . import horizon
-from .base import BaseBackend, BaseFeatures, idle_transaction_seconds
+from .base import BaseBackend, BaseFeatures, Store, idle_transaction_seconds
+from .claimed import Claimed
 from .cursors import PLACEHOLDER, DriverCursor
 from .inserts import COPY_SQL
-from .statements import Sql, queue_filter
+from .statements import BAND_ORDER_ASC, Sql, band_order_key, queue_filter
 
 #: A batch's member rows, streamed (queue/members.py).
 MEMBERS_COPY_SQL = "COPY rws_batch_members (job_id, batch_id) FROM STDIN"
@@ -289,6 +290,8 @@ _NAMES = itertools.count(1)
 
 class PostgreSQLFeatures(BaseFeatures):
     wakeup = "listen"
+    resumes_claims = True
+    resumes_with_queue_filter = True
 
     @cached_property
     def deletes_with_claim(self) -> bool:  # type: ignore[override]
@@ -314,6 +317,10 @@ class PostgreSQLBackend(BaseBackend):
     features_class = PostgreSQLFeatures
     claim_lock = " FOR UPDATE SKIP LOCKED"
 
+    def __init__(self, conn: Any):
+        super().__init__(conn)
+        self._resumed: dict[tuple[Any, ...], tuple[str, list[Any]]] = {}  # see resumed_select
+
     def claim_queue_filter(self, queues: Sequence[str] | None) -> Sql:
         """One queue is written into the claim, which is prepared: a generic plan for any queue
         weighs the queue by the table's average and keeps to the claim index, reading other
@@ -323,6 +330,81 @@ class PostgreSQLBackend(BaseBackend):
             text = queues[0].replace("\\", "\\\\").replace("'", "''").replace("%", "%%")
             return Sql(f" AND queue = E'{text}'")
         return queue_filter(queues)
+
+    def claim_band(
+        self,
+        store: Store,
+        c: Any,
+        token: str,
+        lease_until: int,
+        now: int,
+        queues: Sequence[str] | None,
+        below: int | None,
+        band: int | None,
+        want: int,
+    ) -> list[Claimed]:
+        """A claim from the top starts after the row the Store's last claim took (resume_point):
+        while an old snapshot keeps the claimed rows' dead versions, a claim from the band's
+        start visits every one of them. A resumed claim that comes back short looks from the
+        band's start too."""
+        if below is not None or band is not None:
+            return super().claim_band(store, c, token, lease_until, now, queues, below, band, want)
+        point = self.resume_point(store, queues)
+        if point is None:
+            rows = super().claim_band(store, c, token, lease_until, now, queues, None, None, want)
+        else:
+            rows = self.mark(store, c, self.resumed_select(queues, point, now, want), token, lease_until, now)
+            if len(rows) < want:
+                store.resume = None
+                # With rows from the point's band, the rest of that band; with none, the top band
+                # (a higher band's jobs hold the resumed claim back).
+                more = super().claim_band(
+                    store,
+                    c,
+                    token,
+                    lease_until,
+                    now,
+                    queues,
+                    None,
+                    point[0] if rows else None,
+                    want - len(rows),
+                )
+                rows = sorted(rows + more, key=band_order_key) if rows and more else rows or more
+        if rows:
+            self.keep_resume_point(store, queues, rows[-1])
+        return rows
+
+    def resumed_select(
+        self, queues: Sequence[str] | None, point: tuple[Any, ...], now: int, want: int
+    ) -> Sql:
+        """The due jobs of the point's band after the point, in claim order, while no band above
+        it holds a pending job: one range of the claim index (or the queue index) that starts at
+        the point (tests/test_explain.py
+        test_a_resumed_claim_starts_at_its_point_past_dead_entries). The band is a parameter, not
+        a subquery, and the point leaves out the priority: so PostgreSQL starts the range at the
+        point, where a row comparison over the priority too starts it at the band's start and
+        walks the dead entries, checking each."""
+        key = (tuple(queues) if queues else None, want)
+        kept = self._resumed.get(key)
+        if kept is None:
+            if len(self._resumed) >= 64:
+                self._resumed.clear()
+            qsql = self.claim_queue_filter(queues)
+            text = (
+                f"SELECT id FROM rws_jobs{self.claim_index_hint(queues)} WHERE status = 'pending' "
+                "AND priority = %s AND next_run_at <= %s "
+                f"AND (next_run_at, created_at, id) > (%s, %s, %s){qsql.text}"
+                # The band above, if any: the last entry of the pending range, read backwards, the
+                # newest (ORDER BY: a generic plan otherwise reads another index's whole range).
+                f" AND (SELECT priority FROM rws_jobs WHERE status = 'pending' AND priority > %s{qsql.text}"
+                f" ORDER BY priority DESC LIMIT 1) IS NULL ORDER BY {BAND_ORDER_ASC} LIMIT {want}"
+            )
+            kept = self._resumed[key] = (text, qsql.params)
+        text, queue_params = kept
+        priority, next_run_at, created_at, job_id = point
+        return Sql(
+            text, [priority, now, next_run_at, created_at, job_id, *queue_params, priority, *queue_params]
+        )
 
     def top_due_band_select(self, queues: Sequence[str] | None, below: int | None, now: int) -> Sql:
         # Left to itself PostgreSQL reads the claim index backwards for MAX, through every future
