@@ -11,10 +11,11 @@ class RwsJobsConfig(AppConfig):
     def ready(self) -> None:
         from . import models  # checks: register the system checks
         from .database import clock
-        from .database.connections import configure_connection
+        from .database.connections import before_first_connections, configure_connection
         from .queue.registry import TASK_PREFIX, autodiscover, registry
 
         models.queue_now = clock.now
         connection_created.connect(configure_connection, dispatch_uid="django_rws_jobs.configure_connection")
+        before_first_connections()
         registry.row_runners[TASK_PREFIX] = "django_rws_jobs.tasks.rows.TaskRows"
         autodiscover()

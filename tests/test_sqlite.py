@@ -108,3 +108,40 @@ def test_the_workers_own_connections_to_one_file_take_turns_writing():
         b.conn.dec_thread_sharing()
         a.conn.close()
         b.conn.close()
+
+
+@sqlite_only
+def test_checks_pass_at_once_while_another_connection_holds_the_write_lock():
+    # Django's JSONField check asks the database inside transaction.atomic(); with the IMMEDIATE
+    # transactions set up here that BEGIN waited for the write lock, the busy timeout (30 s), and
+    # then reported "SQLite does not support JSONFields" (fields.E180): a worker or runserver
+    # starting beside a long write transaction refused to start.
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    writer = connections.create_connection("default")
+    try:
+        writer.ensure_connection()
+        with writer.cursor() as c:
+            c.execute("BEGIN IMMEDIATE")
+        started = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "django", "check"],
+            cwd=ROOT,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        took = time.monotonic() - started
+    finally:
+        with writer.cursor() as c:
+            c.execute("ROLLBACK")
+        writer.close()
+    assert proc.returncode == 0, proc.stderr
+    assert "E180" not in proc.stderr
+    assert took < 15

@@ -39,6 +39,16 @@ def configure_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs:
     backend_for(connection).configure_session()
 
 
+def before_first_connections() -> None:
+    """backends.*.before_first_connection for the main thread's connection to the queue's alias
+    and to those RWS_JOBS["SQLITE_SETUP_ALIASES"] names (AppConfig.ready)."""
+    extra = jobs_settings.SQLITE_SETUP_ALIASES
+    aliases = [jobs_settings.DATABASE, *(extra if isinstance(extra, (list, tuple)) else ())]
+    for alias in dict.fromkeys(aliases):
+        if isinstance(alias, str) and alias in connections.settings:
+            backend_for(connections[alias]).before_first_connection()
+
+
 def queue_alias(using: str | None = None) -> str:
     alias = using if using is not None else jobs_settings.DATABASE
     if not isinstance(alias, str) or alias not in connections.settings:

@@ -121,6 +121,11 @@ class BaseBackend(Statements):
         connections (``rws_private``) bound their idle transactions here where the database
         keeps the bound per session (idle_transaction_seconds)."""
 
+    def before_first_connection(self) -> None:
+        """Called once at start-up (AppConfig.ready) on the main thread's connection to each alias
+        the queue sets up, before anything connects: what must be known before configure_session
+        changes how the connection behaves."""
+
     def private_options(self, options: dict[str, Any]) -> dict[str, Any]:
         """The OPTIONS of a worker's own connection (db.private_connection), from the project's."""
         return options

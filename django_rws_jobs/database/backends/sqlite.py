@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -70,6 +71,18 @@ class SQLiteBackend(BaseBackend):
         """The size of the -wal file: a reader that stays open keeps every checkpoint from
         restarting it, and it grows with every write (tests/test_horizon.py)."""
         return horizon.sqlite(self.conn)
+
+    def before_first_connection(self) -> None:
+        """Django's JSONField check asks whether SQLite has JSON inside transaction.atomic(), on
+        the connection it opens for the question: under the IMMEDIATE transactions
+        configure_sqlite sets up, that BEGIN waited for any other writer, then answered "no"
+        (fields.E180) once the busy timeout ended, and the process refused to start. The answer
+        is the SQLite library's, the same for every file: asked of an in-memory database, which
+        waits for nothing (tests/test_sqlite.py
+        test_checks_pass_at_once_while_another_connection_holds_the_write_lock)."""
+        conn = self.conn
+        if sets_up_sqlite(conn) and "transaction_mode" not in conn.settings_dict.get("OPTIONS", {}):
+            conn.features.__dict__.setdefault("supports_json_field", _has_json())
 
     def configure_session(self) -> None:
         if sets_up_sqlite(self.conn):
@@ -148,6 +161,17 @@ def sets_up_sqlite(connection: BaseDatabaseWrapper) -> bool:
         return True
     extra = jobs_settings.SQLITE_SETUP_ALIASES
     return isinstance(extra, (list, tuple)) and connection.alias in extra
+
+
+def _has_json() -> bool:
+    probe = sqlite3.connect(":memory:")
+    try:
+        probe.execute("""SELECT JSON('{"a": "b"}')""")
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def configure_sqlite(connection: BaseDatabaseWrapper) -> None:
