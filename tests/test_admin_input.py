@@ -169,6 +169,7 @@ PARAMS = [
 ]
 
 
+@pytest.mark.slow  # a thousand requests
 def test_no_odd_parameter_is_a_500(admin_client):
     make_job("d1", status="failed")
     make_job("p1")
