@@ -180,6 +180,44 @@ def test_every_module_is_in_a_part():
         part_of(name)  # raises for a module of no part
 
 
+def vendor_branches(path: Path) -> list[int]:
+    """The lines of ``path`` that compare a ``.vendor`` or look something up by it."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        vendor = [n for n in ast.walk(node) if isinstance(n, ast.Attribute) and n.attr == "vendor"]
+        if not vendor:
+            continue
+        if isinstance(node, ast.Compare) and any(n in ast.walk(node.left) for n in vendor):
+            found.append(node.lineno)
+        elif isinstance(node, ast.Call) and any(n in node.args for n in vendor):
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "get":  # hints.get(conn.vendor)
+                found.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and node.slice in vendor:
+            found.append(node.lineno)
+    return found
+
+
+def test_no_branch_on_the_database_vendor_outside_the_backends():
+    # The database axis lives in database/backends/: what differs is a feature or a hook there.
+    branches = {
+        name: lines
+        for name, path in modules().items()
+        if not name.startswith("django_rws_jobs.database.backends") and (lines := vendor_branches(path))
+    }
+    assert branches == {}
+
+
+def test_a_vendor_branch_is_found(tmp_path):
+    code = tmp_path / "m.py"
+    code.write_text(
+        "x = conn.vendor == 'sqlite'\n"
+        "y = {'mysql': 1}.get(conn.vendor, 0)\n"
+        "z = HINTS[c.db.vendor]\n"
+        "w = f'not on {conn.vendor}'\n"
+    )
+    assert vendor_branches(code) == [1, 2, 3]
+
+
 def loaded_by_a_burst_worker(*modules: str) -> list[str]:
     """Which of ``modules`` a process has imported after django.setup() and a burst worker that
     ran one job."""

@@ -229,7 +229,7 @@ def write(store: Any, rows: Sequence[Sequence[Any]]) -> None:
                 c.execute(*statement)
             committing = True
     except BaseException:
-        if committing and isinstance(rows, Batch) and store.conn.vendor != "sqlite":
+        if committing and isinstance(rows, Batch) and store.features.failed_commit_may_have_committed:
             rows.maybe_stored = True
         raise
 

@@ -366,8 +366,9 @@ def _check_message(message: Any) -> None:
 
 def _in_memory(alias: str) -> bool:
     """An in-memory SQLite database: no other connection sees it."""
-    conn = connections[alias]
-    return bool(conn.vendor == "sqlite" and conn.is_in_memory_db())
+    from ..database.backends import backend_for  # loads the models: not before the app registry
+
+    return backend_for(connections[alias]).is_in_memory()
 
 
 def _holds_sqlite_write_lock(alias: str) -> bool:
@@ -375,8 +376,9 @@ def _holds_sqlite_write_lock(alias: str) -> bool:
     transactions are IMMEDIATE): another connection's write would wait for it, so a save made now
     goes through this transaction and is seen when it commits
     (tests/test_reports.py::test_on_sqlite_a_save_inside_a_transaction_is_written_with_it)."""
-    conn = connections[alias]
-    return conn.vendor == "sqlite" and conn.in_atomic_block
+    from ..database.backends import backend_for  # loads the models: not before the app registry
+
+    return backend_for(connections[alias]).holds_write_lock()
 
 
 def _now(alias: str) -> float:

@@ -83,6 +83,9 @@ class BaseFeatures:
     resumes_claims = False
     #: ... also when it filters by queue (MariaDB cannot bound the range by the point then).
     resumes_with_queue_filter = False
+    #: A COMMIT that raised may have been applied all the same: the server may have committed
+    #: before the connection died (SQLite, in the process, knows).
+    failed_commit_may_have_committed = True
     #: What enqueue_many uses while no execute wrapper watches: "copy", "pipelined" or "multirow".
     bulk_insert = "multirow"
     #: DELETE ... RETURNING.
@@ -120,6 +123,17 @@ class BaseBackend(Statements):
         """Set up a new connection (called on Django's connection_created). The worker's own
         connections (``rws_private``) bound their idle transactions here where the database
         keeps the bound per session (idle_transaction_seconds)."""
+
+    def is_in_memory(self) -> bool:
+        """The database lives in this connection alone (SQLite's in-memory database): no other
+        connection sees what it writes."""
+        return False
+
+    def holds_write_lock(self) -> bool:
+        """Whether the connection's open transaction holds the database's one write lock (where
+        one writer at a time holds the whole database, and transactions take it at BEGIN):
+        another connection's write would wait for it."""
+        return False
 
     def before_first_connection(self) -> None:
         """Called once at start-up (AppConfig.ready) on the main thread's connection to each alias

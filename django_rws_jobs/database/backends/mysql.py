@@ -159,6 +159,9 @@ class MySQLBackend(BaseBackend):
     def due_index_hint(self) -> str:
         return f" FORCE INDEX ({DUE_INDEX})"  # (see SQLiteBackend.due_index_hint)
 
+    def queue_index_hint(self) -> str:
+        return f" FORCE INDEX ({QUEUE_INDEX})"
+
     def concat(self, *parts: str) -> str:
         return f"CONCAT({', '.join(parts)})"
 

@@ -15,7 +15,7 @@ from ...conf import jobs_settings
 from . import horizon
 from .base import BaseBackend, BaseFeatures
 from .cursors import DriverCursor
-from .statements import DUE_INDEX
+from .statements import DUE_INDEX, QUEUE_INDEX
 
 #: Busy timeout (ms) given to SQLite connections whose settings name none: several worker
 #: processes and a web process share one file, and a writer waits for another rather than fail.
@@ -35,6 +35,7 @@ class SQLiteFeatures(BaseFeatures):
     deletes_with_claim = True
     wakeup = "data_version"
     adopts_by_rebuild = True
+    failed_commit_may_have_committed = False
 
     @property
     def max_query_params(self) -> int:  # type: ignore[override]
@@ -59,6 +60,16 @@ class SQLiteBackend(BaseBackend):
         # Planners that see "status = 'pending'" first may pick the claim index and read every
         # pending row; the due statements are only fast on the due index, which reads due rows.
         return f" INDEXED BY {DUE_INDEX}"
+
+    def is_in_memory(self) -> bool:
+        return bool(self.conn.is_in_memory_db())
+
+    def holds_write_lock(self) -> bool:
+        # Its transactions are IMMEDIATE (configure_sqlite): BEGIN takes the lock.
+        return bool(self.conn.in_atomic_block)
+
+    def queue_index_hint(self) -> str:
+        return f" INDEXED BY {QUEUE_INDEX}"
 
     def running_index_hint(self) -> str:
         """The lease statements read the 'running' range of a status-led index. SQLite's

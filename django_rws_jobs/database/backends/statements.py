@@ -174,6 +174,11 @@ class Statements:
     def due_index_hint(self) -> str:
         return ""
 
+    def queue_index_hint(self) -> str:
+        """Appended to the table's name in a read of one queue's rows by status (rws_health's
+        walk of the due rows): the queue index, where the database takes hints."""
+        return ""
+
     def running_index_hint(self) -> str:
         return ""
 

@@ -382,15 +382,14 @@ class Due:
 
     def __init__(self, c: Any, now: int, limit: int | None, *, want_oldest: bool, paused: list[str]):
         from django_rws_jobs.database.backends import backend_for
-        from django_rws_jobs.database.backends.statements import QUEUE_INDEX
 
         self.c, self.now = c, now
         # Each range's index is named where the database takes hints (PostgreSQL takes none and
         # picks it by its statistics): MariaDB read one queue's band from the claim index,
         # filtering out the paused queues' rows (tests/test_explain.py, as above).
-        self.due_hint = backend_for(c.db).due_index_hint()
-        hints = {"mysql": f" FORCE INDEX ({QUEUE_INDEX})", "sqlite": f" INDEXED BY {QUEUE_INDEX}"}
-        self.queue_hint = hints.get(c.db.vendor, "")
+        backend = backend_for(c.db)
+        self.due_hint = backend.due_index_hint()
+        self.queue_hint = backend.queue_index_hint()
         self.left = None if limit is None else limit + 1  # rows still to count
         self.count = 0
         self.oldest: tuple[int, str, str | None] | None = None
