@@ -39,7 +39,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     if slow:
         config.hook.pytest_deselected(items=slow)
-        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+        left_out = set(slow)
+        items[:] = [item for item in items if item not in left_out]
 
 
 _pgbouncer = None

@@ -207,6 +207,7 @@ def test_a_claim_from_the_top_resumes_after_the_last_row_it_took():
 
     ids = [rws.enqueue("test.record", str(i)) for i in range(5)]
     store = Store(connection)
+    store.resuming_until = float("inf")  # PostgreSQL resumes after a slow claim only (below)
     now = int(time.time())
     store.claim("w#1", now, now + 60, None, 2)
     row = Job.objects.get(id=ids[1])
@@ -214,6 +215,27 @@ def test_a_claim_from_the_top_resumes_after_the_last_row_it_took():
     assert 0 < store.resume_until - time.monotonic() <= base.RESUME_SECONDS
     store.claim("w#2", now, now + 60, None, 2)
     assert store.resume[3] == ids[3]
+
+
+@pytest.mark.skipif(
+    __import__("os").environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL's claim"
+)
+@pytest.mark.parametrize("slow", [False, True])
+def test_a_postgresql_claim_resumes_after_a_slow_one_only(monkeypatch, slow):
+    # A claim from the band's start that took longer than SLOW_CLAIM read dead entries: the claims
+    # after it resume. A fast one did not, and resuming would cost CPU for nothing.
+    from django.db import connection
+
+    from django_rws_jobs.database.backends import postgresql
+
+    monkeypatch.setattr(postgresql, "SLOW_CLAIM", 0.0 if slow else 60.0)
+    for i in range(5):
+        rws.enqueue("test.record", str(i))
+    store = Store(connection)
+    assert _claim(store, "w#1", 2) == ["0", "1"]
+    assert (store.resume is not None) is slow
+    assert (store.resuming_until > time.monotonic()) is slow
+    assert _claim(store, "w#2", 2) == ["2", "3"]
 
 
 def test_a_job_handed_back_behind_the_last_claim_is_taken_by_the_next_short_claim():

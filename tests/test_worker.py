@@ -647,13 +647,14 @@ def test_worker_prepares_its_hot_statements_unless_behind_a_transaction_pooler(s
     db = settings.DATABASES["default"]  # the dict Django's connections read
     original = dict(db)
     try:
+        # The claim from the band's start, and the claim resumed after the last row taken where a
+        # claim was slow (PostgreSQLBackend.claim_band): the same statement's start.
         claim = "UPDATE rws_jobs SET status = 'running', locked_by = $1, locked_until = $2, started_at = $3"
-        assert sorted(prepared_after_a_drain()) == [
+        assert set(prepared_after_a_drain()) == {
             "DELETE FROM rws_jobs",
             prologue(),  # the settings each statement's transaction gets
-            claim,  # from the band's start
-            claim,  # resumed after the last row taken (PostgreSQLBackend.claim_top)
-        ]
+            claim,
+        }
         assert Job.objects.count() == 0
         # Behind a transaction pooler a name would stay on one server connection: nothing is
         # prepared, whether RWS_JOBS or Django's setting says so (or, as before RWS_JOBS had
@@ -666,7 +667,7 @@ def test_worker_prepares_its_hot_statements_unless_behind_a_transaction_pooler(s
         settings.RWS_JOBS = {"POOLER": "transaction"}
         assert prepared_after_a_drain() == []
         settings.RWS_JOBS = {"POOLER": "session"}
-        assert len(prepared_after_a_drain(DISABLE_SERVER_SIDE_CURSORS=True)) == 4
+        assert len(set(prepared_after_a_drain(DISABLE_SERVER_SIDE_CURSORS=True))) == 3
         assert Job.objects.count() == 0
     finally:
         db.clear()

@@ -44,6 +44,9 @@ class Store:
         # (time.monotonic()) the next claim may start there (see MySQLBackend.claim_band).
         self.resume: tuple[Any, ...] | None = None
         self.resume_until = 0.0
+        # PostgreSQL: until when (time.monotonic()) claims resume at all (see
+        # PostgreSQLBackend.claim_band).
+        self.resuming_until = 0.0
         # The last band walk passed bands that hold only future jobs: the next claim walks first
         # too, instead of trying the top band (a claim that finds nothing) every time.
         self.walk_first = False

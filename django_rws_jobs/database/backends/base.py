@@ -39,6 +39,7 @@ class Store(Protocol):
     walk_first: bool
     resume: tuple[Any, ...] | None
     resume_until: float
+    resuming_until: float
 
     def cursor(self) -> AbstractContextManager[Any]: ...
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -283,6 +284,11 @@ def _literal(value: Any) -> str | None:
     return None
 
 
+#: A claim from the band's start slower than this (seconds) read dead entries it could not skip:
+#: the claims of the next RESUMING_FOR seconds resume after their last row (claim_band).
+SLOW_CLAIM = 0.002
+RESUMING_FOR = 30.0
+
 #: How many statements a ScopedCursor keeps PREPAREd (psycopg's own default).
 MAX_PREPARED = 100
 _NAMES = itertools.count(1)
@@ -343,15 +349,23 @@ class PostgreSQLBackend(BaseBackend):
         band: int | None,
         want: int,
     ) -> list[Claimed]:
-        """A claim from the top starts after the row the Store's last claim took (resume_point):
-        while an old snapshot keeps the claimed rows' dead versions, a claim from the band's
-        start visits every one of them. A resumed claim that comes back short looks from the
-        band's start too."""
+        """While an old snapshot keeps the claimed rows' dead versions, a claim from the band's
+        start visits every one of them: once a claim from the top took longer than SLOW_CLAIM,
+        the claims of the next RESUMING_FOR seconds start after the row the Store's last claim
+        took (resume_point), and a resumed claim that comes back short looks from the band's
+        start too. Without dead entries to skip, a claim from the start costs no more, and
+        resuming would only cost the worker's CPU
+        (tests/test_tick.py test_a_postgresql_claim_resumes_after_a_slow_one_only)."""
         if below is not None or band is not None:
             return super().claim_band(store, c, token, lease_until, now, queues, below, band, want)
-        point = self.resume_point(store, queues)
+        resuming = time.monotonic() < store.resuming_until
+        point = self.resume_point(store, queues) if resuming else None
         if point is None:
+            started = time.monotonic()
             rows = super().claim_band(store, c, token, lease_until, now, queues, None, None, want)
+            if time.monotonic() - started > SLOW_CLAIM:
+                store.resuming_until = time.monotonic() + RESUMING_FOR
+                resuming = True
         else:
             rows = self.mark(store, c, self.resumed_select(queues, point, now, want), token, lease_until, now)
             if len(rows) < want:
@@ -370,7 +384,7 @@ class PostgreSQLBackend(BaseBackend):
                     want - len(rows),
                 )
                 rows = sorted(rows + more, key=band_order_key) if rows and more else rows or more
-        if rows:
+        if rows and resuming:
             self.keep_resume_point(store, queues, rows[-1])
         return rows
 
