@@ -41,7 +41,7 @@ class Store:
         # (claim, completion, renewal): see PostgreSQLBackend.prepares_statements and ScopedCursor.
         self.prepare = self.backend.prepares_statements()
         # Where the last claim stopped, (priority, next_run_at, created_at, id), and until when
-        # (time.monotonic()) the next claim may start there (see MySQLBackend.claim_band).
+        # (time.monotonic()) the next claim may start there (see BaseBackend.resume_point).
         self.resume: tuple[Any, ...] | None = None
         self.resume_until = 0.0
         # PostgreSQL: until when (time.monotonic()) claims resume at all (see

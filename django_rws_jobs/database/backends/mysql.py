@@ -27,7 +27,6 @@ from .statements import (
     queue_filter,
 )
 
-#: How long a dispatcher's claims start after the last row it claimed (seconds).
 #: The protocol's CLIENT_MULTI_STATEMENTS capability flag.
 CLIENT_MULTI_STATEMENTS = 1 << 16
 LOCKING = " FOR UPDATE SKIP LOCKED"
