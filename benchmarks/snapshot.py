@@ -43,12 +43,14 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.run import clear, count_jobs, drain, env_for  # noqa: E402
 
 NAME = "rws_bench"
+HEAD = {"free": "nothing held", "held": "a snapshot held"}
 
 
 class Cluster:
     """A PostgreSQL cluster of its own, its settings the defaults, run as the postgres user."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, log_slower: float | None = None):
+        self.log_slower = log_slower
         binaries = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]))
         if not binaries:
             raise SystemExit("no PostgreSQL binaries under /usr/lib/postgresql/*/bin")
@@ -70,6 +72,11 @@ class Cluster:
     def start(self) -> None:
         self._run(self.bin / "initdb", "-D", self.data, "-U", "postgres", "-A", "trust", "--no-sync")
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1"
+        if self.log_slower is not None:
+            options += f" -c log_min_duration_statement={self.log_slower:g}"
+            # and their plans (auto_explain, loaded into every session)
+            options += " -c session_preload_libraries=auto_explain"
+            options += f" -c auto_explain.log_min_duration={self.log_slower:g}"
         self._run(self.bin / "pg_ctl", "-D", self.data, "-o", options, "-l", self.dir / "log", "-w", "start")
         self.psql(f"CREATE DATABASE {NAME}")
 
@@ -81,6 +88,8 @@ class Cluster:
 
     def stop(self) -> None:
         try:
+            if self.log_slower is not None:
+                shutil.copy(self.dir / "log", HERE / "results" / "snapshot-slow.log")
             self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
@@ -205,10 +214,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--flow", type=float, default=0, help="minutes of steady flow, each way (0: none)")
     parser.add_argument("--rate", type=float, default=300, help="jobs a second of the steady flow")
+    parser.add_argument("--only", choices=("free", "held"), help="run one side only (the ratio needs both)")
+    parser.add_argument(
+        "--log-slower",
+        type=float,
+        metavar="MS",
+        help="the server logs statements slower than MS ms, with plans: benchmarks/results/snapshot-slow.log",
+    )
     args = parser.parse_args()
     from tests.pgbouncer import free_port
 
-    cluster = Cluster(free_port())
+    cluster = Cluster(free_port(), args.log_slower)
     cluster.start()
     try:
         os.environ["RWS_BENCH_PGPORT"] = str(cluster.port)
@@ -223,31 +239,30 @@ def main() -> None:
 
         django.setup()
         print(f"PostgreSQL {cluster.version}, its own cluster on port {cluster.port}, default settings")
-        free = rounds(args, held=False) if args.rounds else []
-        held = rounds(args, held=True) if args.rounds else []
-        out: dict = {"postgres": cluster.version, "jobs": args.jobs, "free": free, "held": held}
+        sides = [how for how in ("free", "held") if args.only in (None, how)]
+        out: dict = {"postgres": cluster.version, "jobs": args.jobs}
+        for how in sides:
+            out[how] = rounds(args, held=how == "held") if args.rounds else []
         if args.rounds:
             print()
-            print(
-                "| round | nothing held: jobs/s (dead rows after) "
-                "| a snapshot held: jobs/s (dead rows after) | ratio |"
-            )
-            print("|---|---|---|---|")
-            for i, ((f, fd), (h, hd)) in enumerate(zip(free, held, strict=True)):
-                print(f"| {i + 1} | {f:,.0f} ({fd:,}) | {h:,.0f} ({hd:,}) | {h / f:.2f} |")
+            heads = [f"{HEAD[how]}: jobs/s (dead rows after)" for how in sides]
+            print("| round | " + " | ".join(heads) + " | ratio |")
+            print("|---|" + "---|" * len(sides) + "---|")
+            for i in range(args.rounds):
+                cells = [f"{out[how][i][0]:,.0f} ({out[how][i][1]:,})" for how in sides]
+                ratio = f"{out['held'][i][0] / out['free'][i][0]:.2f}" if len(sides) == 2 else ""
+                print(f"| {i + 1} | " + " | ".join(cells) + f" | {ratio} |")
         if args.flow:
-            out["flow"] = {"free": flow(args, held=False), "held": flow(args, held=True)}
+            out["flow"] = {how: flow(args, held=how == "held") for how in sides}
             print()
             print(f"Steady flow, {args.rate:g} jobs/s for {args.flow:g} min each way: claim calls' latency")
             print()
-            print("| minute | free: p50 / p99 ms | held: p50 / p99 ms |")
-            print("|---|---|---|")
-            for f, h in zip(out["flow"]["free"]["minutes"], out["flow"]["held"]["minutes"], strict=False):
-                print(
-                    f"| {f['minute']} | {f['p50_ms']:.2f} / {f['p99_ms']:.2f} "
-                    f"| {h['p50_ms']:.2f} / {h['p99_ms']:.2f} |"
-                )
-            for how in ("free", "held"):
+            print("| minute | " + " | ".join(f"{how}: claims, p50 / p99 ms" for how in sides) + " |")
+            print("|---|" + "---|" * len(sides))
+            for parts in zip(*(out["flow"][how]["minutes"] for how in sides), strict=False):
+                cells = [f"{m['claims']:,}, {m['p50_ms']:.2f} / {m['p99_ms']:.2f}" for m in parts]
+                print(f"| {parts[0]['minute']} | " + " | ".join(cells) + " |")
+            for how in sides:
                 r = out["flow"][how]
                 print(
                     f"{how}: {r['sent']:,} jobs sent, {r['left']:,} left at the end, "

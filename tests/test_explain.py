@@ -35,7 +35,9 @@ def top_band_select(columns, queues, below, now, limit, after=None):
 
 def claim_update(queues, now, limit):
     """The claim's UPDATE from the top band, as the worker runs it on PostgreSQL and SQLite."""
-    return ops().claim_update(top_band_select("id", queues, None, now, limit), "token", now + 60, now)
+    return ops().claim_update(
+        top_band_select(ops().claim_key, queues, None, now, limit), "token", now + 60, now
+    )
 
 
 def analyze():
@@ -125,7 +127,7 @@ def assert_prepared_claims_are_index_ranges(now: int) -> None:
         for limit in (1, 4, 16):
             text = generic_plan(*claim_update(queues, now, limit))
             assert_index_range(text)
-            assert "rws_jobs_pkey" in text, text
+            assert "Tid Scan" in text, text  # the rows the select locked, by their ctid
 
 
 def assert_index_range(text: str) -> None:
@@ -384,40 +386,107 @@ def pages_read(statement, generic: bool) -> int:
     return top["Shared Hit Blocks"] + top["Shared Read Blocks"]
 
 
+def held_dead_entries(holder, dead: list[tuple[str, int, int]], live: list[tuple[str, int, int]]) -> None:
+    """Open a REPEATABLE READ snapshot on ``holder``, then insert, claim and delete the ``dead``
+    rows (id prefix, due time, how many), which it keeps as dead entries, and insert the ``live``
+    ones; ids are the prefix and six digits, from 000001."""
+    with holder.cursor() as h:
+        h.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        h.execute("SELECT COUNT(*) FROM rws_jobs")
+    with connection.cursor() as c:
+        insert = (
+            "INSERT INTO rws_jobs (id, job_type, queue, next_run_at, created_at) SELECT "
+            "%s || lpad(x::text, 6, '0'), 't', 'default', %s, %s FROM generate_series(1, %s) AS g(x)"
+        )
+        for prefix, due, n in dead:
+            c.execute(insert, [prefix, due, due, n])
+        c.execute("UPDATE rws_jobs SET status = 'running'")
+        c.execute("DELETE FROM rws_jobs")
+        for prefix, due, n in live:
+            c.execute(insert, [prefix, due, due, n])
+    analyze()
+
+
 @pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL's old versions")
 @pytest.mark.parametrize("queues", [None, ["default"], ["default", "mailers"]])
 def test_a_resumed_claim_starts_at_its_point_past_dead_entries(queues):
     # A snapshot held open keeps the versions every claim leaves behind: here 20,000 jobs claimed
     # and deleted while one is held. A claim from the band's start visits each of their index
     # entries; a claim resumed after the last row taken reads a few pages, with the plan the worker
-    # prepares as with a fresh one.
+    # prepares as with a fresh one. When too few jobs follow the point, it looks back LOOK_BACK
+    # seconds of due times before it, and no further.
+    from django_rws_jobs.database.backends.postgresql import LOOK_BACK
     from django_rws_jobs.database.connections import private_connection
 
     now = int(time.time())
+    old = now - 10 - 2 * LOOK_BACK  # the dead rows' due time, further back than LOOK_BACK
     holder = private_connection("default")
     try:
-        with holder.cursor() as h:
-            h.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-            h.execute("SELECT COUNT(*) FROM rws_jobs")
-        with connection.cursor() as c:
-            insert = (
-                "INSERT INTO rws_jobs (id, job_type, queue, next_run_at, created_at) SELECT "
-                "%s || lpad(x::text, 6, '0'), 't', 'default', %s, %s FROM generate_series(1, %s) AS g(x)"
-            )
-            c.execute(insert, ["a", now - 10, now - 10, 20_000])
-            c.execute("UPDATE rws_jobs SET status = 'running'")
-            c.execute("DELETE FROM rws_jobs")
-            c.execute(insert, ["b", now - 10, now - 10, 10])
-        analyze()
-        point = (0, now - 10, now - 10, "a020000")
-        # The claim's select, which the UPDATE's IN (...) runs (its writes left out of the count).
-        resumed = ops().resumed_select(queues, point, now, 4).add(ops().claim_lock)
-        from_start = top_band_select("id", queues, None, now, 4).add(ops().claim_lock)
+        held_dead_entries(holder, [("a", old, 20_000), ("c", now - 10, 5_000)], [("d", now - 10, 10)])
+        top_band = top_band_select("id", queues, None, now, 4).add(ops().claim_lock)
         for generic in (False, True):
-            assert pages_read(resumed, generic) < 30
-            assert pages_read(from_start, generic) > 150  # the dead entries, read
+            # Four jobs after the point: the range from the point, alone.
+            resumed = pages_read(
+                ops().resumed_select(queues, (0, now - 10, now - 10, "c005000"), now, 4), generic
+            )
+            # None after the point: the LOOK_BACK seconds before it too, which hold the 5,000
+            # dead entries of the 'c' rows; not the 20,000 older ones.
+            looked_back = pages_read(
+                ops().resumed_select(queues, (0, now - 10, now - 10, "e"), now, 4), generic
+            )
+            from_start = pages_read(top_band, generic)  # all 25,000 dead entries, read
+            assert resumed < 30 and from_start > 150
+            assert resumed < looked_back < from_start / 3
     finally:
         holder.close()
+
+
+def blocks_fetched(store) -> int:
+    """The blocks of rws_jobs and its indexes fetched so far in the transaction open on the
+    kept cursor of ``store`` (PostgreSQL)."""
+    with store.cursor() as c:
+        c.execute(
+            "SELECT SUM(pg_stat_get_xact_blocks_fetched(oid)) FROM pg_class WHERE oid = 'rws_jobs'::regclass "
+            "OR oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'rws_jobs'::regclass)"
+        )
+        return int(c.fetchone()[0])
+
+
+@pytest.mark.skipif(
+    os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL's resumed claim"
+)
+def test_a_resumed_claim_that_comes_back_short_reads_no_dead_entry_before_its_point():
+    # An idle worker's claims (probe_first) that find little or nothing, on its own connection:
+    # while resuming, neither the probe, nor the band walk, nor a claim from the band's start
+    # reads the 200,000 dead entries a held snapshot keeps before the point (further back than
+    # LOOK_BACK); without a point, the probe and the claim do.
+    from django_rws_jobs.database.connections import private_connection
+    from django_rws_jobs.queue.store import Store
+
+    now = int(time.time())
+    holder = private_connection("default")
+    stores = [Store(private_connection("default")) for _ in range(2)]
+    try:
+        held_dead_entries(holder, [("a", now - 100, 200_000)], [("d", now - 10, 2)])
+        resumed, fresh = stores
+        resumed.resuming_until = resumed.resume_until = float("inf")
+        resumed.resume = (0, now - 10, now - 10, "c")  # the last row a claim took
+        fetched = []
+        for store, calls in ((resumed, 2), (fresh, 1)):
+            with store.cursor() as c:
+                c.execute("BEGIN")
+            start = blocks_fetched(store)
+            taken = [store.claim(f"w#{i}", now, now + 60, None, 4, probe_first=True) for i in range(calls)]
+            fetched.append(blocks_fetched(store) - start)
+            with store.cursor() as c:
+                c.execute("ROLLBACK")
+            assert [[j.id for j in jobs] for jobs in taken] == [["d000001", "d000002"], []][:calls]
+        # One walk through the dead entries fetches about 2,600 blocks; the fresh claim makes several.
+        assert fetched[0] < 300 < 2000 < fetched[1]  # about 110 and 14,000 here
+    finally:
+        holder.close()
+        for store in stores:
+            store.conn.close()
 
 
 def test_rws_health_reads_index_ranges_with_a_million_rows():

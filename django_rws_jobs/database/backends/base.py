@@ -297,9 +297,6 @@ class BaseBackend(Statements):
         next band with a due job, however many bands above it hold only future jobs (see
         Statements.due_band_select).
         """
-        taken: list[Claimed] = []
-        below: int | None = None  # the next claim looks at bands below this one
-        band: int | None = None  # a band the band walk found with a due job
         with store.writes, store.cursor() as c:
             if probe_first and not one_queue(queues):
                 # (One queue: the band walk below probes that queue's ranges; the due index
@@ -307,24 +304,44 @@ class BaseBackend(Statements):
                 c.execute(*self.any_due_select(queues, now))
                 if c.fetchone() is None:
                     return []
-            probe_first = probe_first or store.walk_first
-            while len(taken) < limit:
-                if probe_first:
-                    band = self.find_band(store, c, queues, below, now)
-                    if band is None:
-                        break
-                    probe_first = False
-                want = limit - len(taken)
-                rows = self.claim_band(store, c, token, lease_until, now, queues, below, band, want)
-                if rows:
-                    taken += rows
-                    below = rows[0].priority
-                elif band is not None:
-                    below = band  # others took its due jobs meanwhile: look below it
-                # Short: the band had fewer due jobs than wanted, or none (the top band may hold
-                # only future jobs): walk the bands below to the next one with a due job.
-                band = None
-                probe_first = True
+            return self.claim_bands(
+                store, c, token, lease_until, now, queues, limit, [], None, probe_first or store.walk_first
+            )
+
+    def claim_bands(
+        self,
+        store: Store,
+        c: Any,
+        token: str,
+        lease_until: int,
+        now: int,
+        queues: Sequence[str] | None,
+        limit: int,
+        taken: list[Claimed],
+        below: int | None,
+        probe_first: bool,
+    ) -> list[Claimed]:
+        """``claim``'s band by band loop on cursor ``c``: ``taken`` so far, the bands below
+        ``below`` (None: all) left to look at, and whether to walk to the next band with a due job
+        before the first claim (``probe_first``) or to try the top band at once."""
+        band: int | None = None  # a band the band walk found with a due job
+        while len(taken) < limit:
+            if probe_first:
+                band = self.find_band(store, c, queues, below, now)
+                if band is None:
+                    break
+                probe_first = False
+            want = limit - len(taken)
+            rows = self.claim_band(store, c, token, lease_until, now, queues, below, band, want)
+            if rows:
+                taken += rows
+                below = rows[0].priority
+            elif band is not None:
+                below = band  # others took its due jobs meanwhile: look below it
+            # Short: the band had fewer due jobs than wanted, or none (the top band may hold
+            # only future jobs): walk the bands below to the next one with a due job.
+            band = None
+            probe_first = True
         return taken
 
     def resume_point(self, store: Store, queues: Sequence[str] | None) -> tuple[Any, ...] | None:
@@ -369,15 +386,20 @@ class BaseBackend(Statements):
         """Claim up to ``want`` due jobs of ``band`` (None: the top band below ``below``), in claim
         order: one UPDATE ... RETURNING."""
         return self.mark(
-            store, c, self.claim_select("id", queues, below, band, now, want), token, lease_until, now
+            store,
+            c,
+            self.claim_select(self.claim_key, queues, below, band, now, want),
+            token,
+            lease_until,
+            now,
         )
 
     def mark(
-        self, store: Store, c: Any, select: Sql, token: str, lease_until: int, now: int
+        self, store: Store, c: Any, select: Sql, token: str, lease_until: int, now: int, locks: bool = False
     ) -> list[Claimed]:
-        """Mark the rows ``select`` finds as claimed by ``token``, in one UPDATE ... RETURNING;
-        return them in claim order."""
-        store.execute(c, *self.claim_update(select, token, lease_until, now))
+        """Mark the rows ``select`` finds (and ``locks`` itself, or not) as claimed by ``token``,
+        in one UPDATE ... RETURNING; return them in claim order."""
+        store.execute(c, *self.claim_update(select, token, lease_until, now, locks))
         rows = [Claimed.from_row(row, token) for row in c.fetchall()]
         rows.sort(key=band_order_key)  # RETURNING does not keep the subquery's order
         return rows

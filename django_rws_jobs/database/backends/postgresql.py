@@ -16,10 +16,10 @@ from django.db import transaction
 from ...conf import jobs_settings
 from . import horizon
 from .base import BaseBackend, BaseFeatures, Store, idle_transaction_seconds
-from .claimed import Claimed
+from .claimed import CLAIM_COLUMNS, Claimed
 from .cursors import PLACEHOLDER, DriverCursor
 from .inserts import COPY_SQL
-from .statements import BAND_ORDER_ASC, Sql, band_order_key, queue_filter
+from .statements import BAND_ORDER_ASC, CLAIM_SET, Sql, band_order_key, queue_filter
 
 #: A batch's member rows, streamed (queue/members.py).
 MEMBERS_COPY_SQL = "COPY rws_batch_members (job_id, batch_id) FROM STDIN"
@@ -285,9 +285,21 @@ def _literal(value: Any) -> str | None:
 
 
 #: A claim from the band's start slower than this (seconds) read dead entries it could not skip:
-#: the claims of the next RESUMING_FOR seconds resume after their last row (claim_band).
+#: the claims of the next RESUMING_FOR seconds resume after their last row (PostgreSQLBackend.claim).
 SLOW_CLAIM = 0.002
 RESUMING_FOR = 30.0
+#: Seconds of due times a resumed claim that comes back short looks back before its point: the
+#: jobs of transactions that committed after a claim passed their place, and retries that came
+#: due in the second of the point (PostgreSQLBackend.resumed_select).
+LOOK_BACK = 2
+#: While resuming, a claim starts at the band's start again after MIN_RESUME_SECONDS, or after
+#: START_COST_FACTOR times the last such claim's duration, so that they take about 1% of a
+#: worker's time and fewer than 1% of its claims, but at most after MAX_RESUME_SECONDS: the
+#: longest a job that sorts before the point by more than LOOK_BACK waits (tests/test_tick.py
+#: test_a_job_far_behind_a_resumed_point_waits_until_the_next_claim_from_the_start).
+MIN_RESUME_SECONDS = 5.0
+START_COST_FACTOR = 100
+MAX_RESUME_SECONDS = 30.0
 
 #: How many statements a ScopedCursor keeps PREPAREd (psycopg's own default).
 MAX_PREPARED = 100
@@ -322,10 +334,24 @@ class PostgreSQLFeatures(BaseFeatures):
 class PostgreSQLBackend(BaseBackend):
     features_class = PostgreSQLFeatures
     claim_lock = " FOR UPDATE SKIP LOCKED"
+    claim_key = "ctid"
 
     def __init__(self, conn: Any):
         super().__init__(conn)
         self._resumed: dict[tuple[Any, ...], tuple[str, list[Any]]] = {}  # see resumed_select
+
+    def claim_update(self, select: Sql, token: str, lease_until: int, now: int, locks: bool = False) -> Sql:
+        """The claim's UPDATE finds the rows by the row versions the select locked (claim_key),
+        which PostgreSQL reads directly (a TID scan): no plan can read an index's whole range
+        for them, as one did for the ids, by a column of the queue index, while the statistics
+        counted a few live rows and the index held a held snapshot's dead entries. ARRAY() runs
+        the select once: as the subquery of an IN, a plan could run it again for each row (a
+        nested loop semi join), and each run would pass over the rows the UPDATE had taken and
+        lock the next ones: more jobs than LIMIT (tests/test_tick.py
+        test_a_claim_takes_no_more_jobs_than_asked_whatever_the_plan). It marks only row
+        versions the select locked, so no job is claimed twice."""
+        sql = Sql(f"UPDATE rws_jobs SET {CLAIM_SET} WHERE ctid = ANY(ARRAY(", [token, lease_until, now])
+        return sql.join(select).add(f"{'' if locks else self.claim_lock})) RETURNING {CLAIM_COLUMNS}")
 
     def claim_queue_filter(self, queues: Sequence[str] | None) -> Sql:
         """One queue is written into the claim, which is prepared: a generic plan for any queue
@@ -337,87 +363,128 @@ class PostgreSQLBackend(BaseBackend):
             return Sql(f" AND queue = E'{text}'")
         return queue_filter(queues)
 
-    def claim_band(
+    def claim(
         self,
         store: Store,
-        c: Any,
         token: str,
-        lease_until: int,
         now: int,
+        lease_until: int,
         queues: Sequence[str] | None,
-        below: int | None,
-        band: int | None,
-        want: int,
+        limit: int,
+        probe_first: bool = False,
     ) -> list[Claimed]:
         """While an old snapshot keeps the claimed rows' dead versions, a claim from the band's
-        start visits every one of them: once a claim from the top took longer than SLOW_CLAIM,
-        the claims of the next RESUMING_FOR seconds start after the row the Store's last claim
-        took (resume_point), and a resumed claim that comes back short looks from the band's
-        start too. Without dead entries to skip, a claim from the start costs no more, and
-        resuming would only cost the worker's CPU
-        (tests/test_tick.py test_a_postgresql_claim_resumes_after_a_slow_one_only)."""
-        if below is not None or band is not None:
-            return super().claim_band(store, c, token, lease_until, now, queues, below, band, want)
-        resuming = time.monotonic() < store.resuming_until
-        point = self.resume_point(store, queues) if resuming else None
-        if point is None:
-            started = time.monotonic()
-            rows = super().claim_band(store, c, token, lease_until, now, queues, None, None, want)
-            if time.monotonic() - started > SLOW_CLAIM:
-                store.resuming_until = time.monotonic() + RESUMING_FOR
-                resuming = True
-        else:
-            rows = self.mark(store, c, self.resumed_select(queues, point, now, want), token, lease_until, now)
-            if len(rows) < want:
-                store.resume = None
-                # With rows from the point's band, the rest of that band; with none, the top band
-                # (a higher band's jobs hold the resumed claim back).
-                more = super().claim_band(
-                    store,
-                    c,
-                    token,
-                    lease_until,
-                    now,
-                    queues,
-                    None,
-                    point[0] if rows else None,
-                    want - len(rows),
+        start visits every one of them, and so do the idle worker's probe and the band walk.
+        Once a claim took longer than SLOW_CLAIM, the claims of the next RESUMING_FOR seconds
+        start at the Store's resume point instead: one statement takes the due jobs after it,
+        and, if they are too few, those of the LOOK_BACK seconds before it (resumed_select). A
+        claim that comes back short then looks only at the bands below the point's, unless a
+        band above it holds a pending job: then it claims from the top. Jobs further behind the
+        point are taken by the next claim from the band's start, when the point expires
+        (keep_point; tests/test_tick.py, the tests of the resumed claim). Without dead entries
+        to skip, a claim from the start costs no more, and resuming would only cost the
+        worker's CPU (test_a_postgresql_claim_resumes_after_a_slow_one_only)."""
+        started = time.monotonic()
+        point = self.resume_point(store, queues) if started < store.resuming_until else None
+        if point is None or limit < 1:  # (a dispatcher with no free thread asks for none)
+            rows = super().claim(store, token, now, lease_until, queues, limit, probe_first)
+            ended = time.monotonic()
+            if limit >= 1 and ended - started > SLOW_CLAIM:
+                store.resuming_until = ended + RESUMING_FOR
+            if ended < store.resuming_until:
+                self.keep_point(store, rows, ended - started)
+            return rows
+        with store.writes, store.cursor() as c:
+            select = self.resumed_select(queues, point, now, limit)
+            rows = self.mark(store, c, select, token, lease_until, now, locks=True)
+            if not rows:
+                store.execute(c, *self.higher_band_select(queues, point[0]))
+                if c.fetchone() is not None:
+                    store.resume = None
+                    rows = self.claim_bands(
+                        store, c, token, lease_until, now, queues, limit, [], None, store.walk_first
+                    )
+                    self.move_point(store, rows)
+                    return rows
+            if len(rows) < limit:
+                rows = self.claim_bands(
+                    store, c, token, lease_until, now, queues, limit, rows, point[0], True
                 )
-                rows = sorted(rows + more, key=band_order_key) if rows and more else rows or more
-        if rows and resuming:
-            self.keep_resume_point(store, queues, rows[-1])
-        return rows
+            self.move_point(store, rows)
+            return rows
+
+    def keep_point(self, store: Store, rows: list[Claimed], took: float) -> None:
+        """After a claim from the top while resuming: the point moves past its rows (or stays
+        where it was when it took none: nothing is due before it), and is kept MIN_RESUME_SECONDS,
+        or START_COST_FACTOR times the claim's duration, up to MAX_RESUME_SECONDS."""
+        self.move_point(store, rows)
+        if store.resume is not None:
+            keep = min(max(MIN_RESUME_SECONDS, START_COST_FACTOR * took), MAX_RESUME_SECONDS)
+            store.resume_until = time.monotonic() + keep
+
+    @staticmethod
+    def move_point(store: Store, rows: list[Claimed]) -> None:
+        """The point moves to the last row a claim took (in claim order: the lowest band's
+        last), never back within its band (the rows before it a resumed claim takes)."""
+        if rows:
+            last = rows[-1]
+            key = (last.priority, *band_order_key(last))
+            point = store.resume
+            if point is None or key[0] != point[0] or key[1:] > point[1:]:
+                store.resume = key
 
     def resumed_select(
         self, queues: Sequence[str] | None, point: tuple[Any, ...], now: int, want: int
     ) -> Sql:
-        """The due jobs of the point's band after the point, in claim order, while no band above
-        it holds a pending job: one range of the claim index (or the queue index) that starts at
-        the point (tests/test_explain.py
-        test_a_resumed_claim_starts_at_its_point_past_dead_entries). The band is a parameter, not
-        a subquery, and the point leaves out the priority: so PostgreSQL starts the range at the
-        point, where a row comparison over the priority too starts it at the band's start and
-        walks the dead entries, checking each."""
+        """Up to ``want`` due jobs of the point's band, locked, while no band above it holds a
+        pending job: those after the point in claim order, then, if they are too few, those of
+        the LOOK_BACK seconds of due times before it. Each is one range of the claim index (or
+        the queue index) that starts at its bound and stops at LIMIT, and the second one runs
+        only when the first comes back short (tests/test_explain.py
+        test_a_resumed_claim_starts_at_its_point_past_dead_entries). The band is a parameter,
+        not a subquery, and the point leaves out the priority: so PostgreSQL starts the range
+        at the point, where a row comparison over the priority too starts it at the band's
+        start and walks the dead entries, checking each."""
         key = (tuple(queues) if queues else None, want)
         kept = self._resumed.get(key)
         if kept is None:
             if len(self._resumed) >= 64:
                 self._resumed.clear()
             qsql = self.claim_queue_filter(queues)
+            hint = self.claim_index_hint(queues)
+            rows = f"SELECT ctid FROM rws_jobs{hint} WHERE status = 'pending' AND priority = %s"
+            # The band above, if any: the last entry of the pending range, read backwards, the
+            # newest (ORDER BY: a generic plan otherwise reads another index's whole range).
+            end = (
+                f"{qsql.text} AND (SELECT priority FROM rws_jobs WHERE status = 'pending' AND priority > %s"
+                f"{qsql.text} ORDER BY priority DESC LIMIT 1) IS NULL ORDER BY {BAND_ORDER_ASC} LIMIT {want}"
+                f"{self.claim_lock}"
+            )
+            after = f"{rows} AND next_run_at <= %s AND (next_run_at, created_at, id) > (%s, %s, %s){end}"
+            before = (
+                f"{rows} AND next_run_at >= %s AND next_run_at <= %s"
+                f" AND (next_run_at, created_at, id) < (%s, %s, %s){end}"
+            )
+            # (FOR UPDATE is refused in a branch of UNION, not in a subquery of one.)
             text = (
-                f"SELECT id FROM rws_jobs{self.claim_index_hint(queues)} WHERE status = 'pending' "
-                "AND priority = %s AND next_run_at <= %s "
-                f"AND (next_run_at, created_at, id) > (%s, %s, %s){qsql.text}"
-                # The band above, if any: the last entry of the pending range, read backwards, the
-                # newest (ORDER BY: a generic plan otherwise reads another index's whole range).
-                f" AND (SELECT priority FROM rws_jobs WHERE status = 'pending' AND priority > %s{qsql.text}"
-                f" ORDER BY priority DESC LIMIT 1) IS NULL ORDER BY {BAND_ORDER_ASC} LIMIT {want}"
+                f"SELECT ctid FROM ({after}) AS after_point"
+                f" UNION ALL SELECT ctid FROM ({before}) AS before_point LIMIT {want}"
             )
             kept = self._resumed[key] = (text, qsql.params)
         text, queue_params = kept
         priority, next_run_at, created_at, job_id = point
+        guard = [*queue_params, priority, *queue_params]
+        after_params = [priority, now, next_run_at, created_at, job_id, *guard]
+        before_params = [priority, next_run_at - LOOK_BACK, now, next_run_at, created_at, job_id, *guard]
+        return Sql(text, [*after_params, *before_params])
+
+    def higher_band_select(self, queues: Sequence[str] | None, band: int) -> Sql:
+        """A pending job of a band above ``band``, if any: the guard of resumed_select, alone."""
+        qsql = self.claim_queue_filter(queues)
         return Sql(
-            text, [priority, now, next_run_at, created_at, job_id, *queue_params, priority, *queue_params]
+            f"SELECT 1 FROM rws_jobs WHERE status = 'pending' AND priority > %s{qsql.text} "
+            "ORDER BY priority DESC LIMIT 1",
+            [band, *qsql.params],
         )
 
     def top_due_band_select(self, queues: Sequence[str] | None, below: int | None, now: int) -> Sql:
