@@ -433,6 +433,11 @@ class Worker(models.Model):
     running = models.TextField(blank=True, default="[]", help_text=_("JSON: the ids of the jobs it holds"))
     done = models.BigIntegerField(default=0, help_text=_("jobs that succeeded since its start"))
     failed = models.BigIntegerField(default=0, help_text=_("failed attempts since its start"))
+    claim_p99 = models.FloatField(
+        null=True,
+        blank=True,
+        help_text=_("seconds: the 99th percentile of its claims' durations between its last two heartbeats"),
+    )
 
     class Meta:
         db_table = "rws_workers"

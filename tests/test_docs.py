@@ -102,7 +102,7 @@ def listed_metrics() -> tuple[set[str], set[str]]:
     here, elsewhere = set(), set()
     for line in page.splitlines():
         if line.startswith("| `rws_"):
-            names = set(re.findall(r"`(rws_[a-z_]+)`", line.split(" | ")[0]))
+            names = set(re.findall(r"`(rws_[a-z0-9_]+)`", line.split(" | ")[0]))
             only = re.search(r"only on ([A-Za-z ]+?):", line)
             mine = only is None or DATABASE_NAMES[connection.vendor] in only.group(1)
             (here if mine else elsewhere).update(names)
@@ -111,7 +111,7 @@ def listed_metrics() -> tuple[set[str], set[str]]:
 
 def test_the_alerting_rules_name_metrics_that_are_served():
     rules = (SNIPPETS / "prometheus-rules.yml").read_text()
-    named = set(re.findall(r"\b(rws_[a-z_]+)\b", rules)) - {"rws_jobs"}  # (the group's name)
+    named = set(re.findall(r"\b(rws_[a-z0-9_]+)\b", rules)) - {"rws_jobs"}  # (the group's name)
     served = served_metrics() | listed_metrics()[1]
     assert named and named <= served, named - served
 
@@ -276,7 +276,7 @@ def test_the_pages_command_options_are_real():
             name = next((c for c in commands if c in code.split() or f'"{c}"' in code), None)
             if name is None:
                 continue
-            flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", code.split(name, 1)[1]))
+            flags = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", code.split(name, 1)[1]))
             unknown = flags - options[name]
             assert not unknown, f"{page}: {name} has no {sorted(unknown)}: {line}"
             checked += len(flags)

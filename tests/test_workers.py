@@ -36,9 +36,10 @@ def test_a_registration_inserts_beats_and_removes_its_row():
         T,
         T,
     )
-    assert me.beat(store, T + 1, ["job-b", "job-a"], 10, 2)
+    assert me.beat(store, T + 1, ["job-b", "job-a"], 10, 2, 0.004)
     row = Worker.objects.get()
     assert (row.heartbeat_at, row.running_ids(), row.done, row.failed) == (T + 1, ["job-b", "job-a"], 10, 2)
+    assert row.claim_p99 == 0.004
     assert [w.id for w in live(now=T + 4)] == ["host:1:abc"]  # 3 intervals: alive
     assert live(now=T + 5) == []  # past 3 intervals: dead, left out
     Worker.objects.all().delete()  # gone while it lives: the next beat registers it again
@@ -119,3 +120,60 @@ def test_workers_register_beat_and_leave(tmp_path, started):
     assert time.monotonic() - killed >= 1.5  # dead only after its heartbeats stopped for a while
     row = Worker.objects.get()  # still listed, dead, until an hour has passed
     assert json.loads(row.running) == [job_b]
+
+
+def test_claims_99th_percentile_is_of_those_since_the_last_look():
+    from django_rws_jobs.worker.shared import CLAIMS_KEPT, Stats
+
+    stats = Stats()
+    assert stats.claim_p99() is None
+    for ms in range(1, 201):  # 1 to 200 ms
+        stats.claimed(ms / 1000)
+    assert stats.claim_p99() == 0.199
+    assert stats.claim_p99() is None  # taken
+    for _ in range(CLAIMS_KEPT + 5):
+        stats.claimed(0.001)
+    stats.claimed(9.0)
+    assert len(stats.claims) == CLAIMS_KEPT and stats.claim_p99() == 0.001
+
+
+def test_a_live_worker_reports_its_claims_99th_percentile(tmp_path, started, admin_client):
+    """In its row at each heartbeat, on the metrics endpoint, and to rws_health --max-claim-p99."""
+    import io
+
+    from django.core.management import call_command
+    from prometheus_client import parser
+
+    w = WorkerProcess(tmp_path, "--workers", "2", jobs=FAST)
+    started.append(w)
+    w.started()
+    for i in range(20):
+        rws.enqueue("test.record", str(i))
+
+    def reported():
+        return [row.claim_p99 for row in Worker.objects.all() if row.claim_p99 is not None]
+
+    wait_for(lambda: reported(), 10, what="a heartbeat with the claims' 99th percentile")
+    (p99,) = reported()
+    assert 0 < p99 < 5
+    response = admin_client.get("/rws/metrics")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in parser.text_string_to_metric_families(response.content.decode())
+        for s in family.samples
+    }
+    (worker_id,) = Worker.objects.values_list("id", flat=True)
+    assert samples[("rws_worker_claim_p99_seconds", (("worker", worker_id),))] > 0
+
+    def health(limit):
+        out = io.StringIO()
+        try:
+            call_command("rws_health", "--max-claim-p99", limit, stdout=out)
+            return 0, out.getvalue()
+        except SystemExit as exc:
+            return exc.code, out.getvalue()
+
+    code, line = health("60")
+    assert code == 0 and "at the 99th percentile" in line, line
+    code, line = health("0")
+    assert code == 1 and "over --max-claim-p99 0" in line, line

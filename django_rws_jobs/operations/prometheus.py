@@ -116,14 +116,23 @@ class QueueCollector:
             stuck.add_metric([queue], locked.get(queue, 0))
         yield stuck
         yield from horizon_gauges(self.alias)
-        alive = sum(
-            1
-            for w in Worker.objects.using(self.alias).only("heartbeat_at", "heartbeat_interval")
+        live = [
+            w
+            for w in Worker.objects.using(self.alias).only("heartbeat_at", "heartbeat_interval", "claim_p99")
             if w.alive(now)
-        )
+        ]
         yield GaugeMetricFamily(
-            "rws_workers_alive", "Workers whose heartbeat is at most three intervals old", value=alive
+            "rws_workers_alive", "Workers whose heartbeat is at most three intervals old", value=len(live)
         )
+        claims = GaugeMetricFamily(
+            "rws_worker_claim_p99_seconds",
+            "The 99th percentile of a live worker's claims' durations between its last two heartbeats",
+            labels=["worker"],
+        )
+        for w in sorted(live, key=lambda w: w.pk):
+            if w.claim_p99 is not None:
+                claims.add_metric([w.pk], w.claim_p99)
+        yield claims
         states, oldest_open = read_batches(self.alias)
         batches = GaugeMetricFamily("rws_batches", "Batches per state (kept ones)", labels=["state"])
         for state in BATCH_STATES:

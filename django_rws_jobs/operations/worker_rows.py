@@ -105,13 +105,21 @@ class Registration:
             marks = ", ".join(["%s"] * len(values))
             c.execute(f"INSERT INTO rws_workers ({COLUMNS}) VALUES ({marks})", values)
 
-    def beat(self, store: Any, now: int, running: Sequence[str], done: int, failed: int) -> bool:
+    def beat(
+        self,
+        store: Any,
+        now: int,
+        running: Sequence[str],
+        done: int,
+        failed: int,
+        claim_p99: float | None = None,
+    ) -> bool:
         """Renew the row; False when it was gone and has been inserted again."""
         with store.writes, store.cursor() as c:
             c.execute(
-                "UPDATE rws_workers SET heartbeat_at = %s, running = %s, done = %s, failed = %s "
-                "WHERE id = %s",
-                [now, json.dumps(list(running)[:RUNNING_MAX]), done, failed, self.id],
+                "UPDATE rws_workers SET heartbeat_at = %s, running = %s, done = %s, failed = %s, "
+                "claim_p99 = %s WHERE id = %s",
+                [now, json.dumps(list(running)[:RUNNING_MAX]), done, failed, claim_p99, self.id],
             )
             if c.rowcount > 0:
                 return True

@@ -148,10 +148,12 @@ class Dispatcher:
         lease_end = now + self.lease
         token = claim_token()
         try:
+            started = time.perf_counter()
             done, claimed = self.db.until_stopped(
                 lambda c: self._finish_and_claim(c.store(), finished, token, now, lease_end, n, idle),
                 "claiming",
             )
+            shared.stats.claimed(time.perf_counter() - started)
         except DatabaseError as exc:
             shared.to_completer(finished)
             if not is_transient(exc):

@@ -131,13 +131,20 @@ class LeaseKeeper:
                 logger.exception("lease keeper: %s failed; the other steps go on", what)
 
     def _beat(self, held: list[Claimed]) -> None:
-        """Renew this worker's row: the queue's time, the jobs it holds, its counts."""
+        """Renew this worker's row: the queue's time, the jobs it holds, its counts, its claims'
+        99th percentile since the last renewal (tests/test_workers.py)."""
         registration, stats = self.registration, self.shared.stats
         assert registration is not None
         running = sorted({job.id for job in held})
+        claim_p99 = stats.claim_p99()
         self.db.once(
             lambda c: registration.beat(
-                c.store(), int(clock.now(self.shared.alias)), running, stats.done, stats.retried + stats.dead
+                c.store(),
+                int(clock.now(self.shared.alias)),
+                running,
+                stats.done,
+                stats.retried + stats.dead,
+                claim_p99,
             ),
             "renewing the worker's row",
         )

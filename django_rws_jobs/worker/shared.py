@@ -7,6 +7,7 @@ import math
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,6 +25,9 @@ from .reconnect import Connection
 
 logger = logging.getLogger("django_rws_jobs")
 
+#: Claim durations a worker keeps between two heartbeats, for their 99th percentile.
+CLAIMS_KEPT = 10_000
+
 #: An executor's outcome: the job, its error (None when it succeeded) and traceback.
 Outcome = tuple[Claimed, "str | None", "str | None"]
 
@@ -39,6 +43,21 @@ class Stats:
     children_lost: int = 0  # child processes that died mid-job (see worker/pool.py)
     cancelled: int = 0  # jobs cancelled while this worker held them (cancellation.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The durations of the claims since the last heartbeat took them (claim_p99), the last
+    # CLAIMS_KEPT of them.
+    claims: deque[float] = field(default_factory=lambda: deque(maxlen=CLAIMS_KEPT))
+
+    def claimed(self, seconds: float) -> None:
+        """A claim's round trip took ``seconds`` (deque.append: safe without the lock)."""
+        self.claims.append(seconds)
+
+    def claim_p99(self) -> float | None:
+        """The 99th percentile of the claims' durations since the last call; None without any."""
+        taken = [self.claims.popleft() for _ in range(len(self.claims))]
+        if not taken:
+            return None
+        taken.sort()
+        return taken[min(int(len(taken) * 0.99), len(taken) - 1)]
 
     def count(self, name: str) -> None:
         with self.lock:

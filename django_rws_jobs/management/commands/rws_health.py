@@ -94,6 +94,13 @@ class Command(BaseCommand):
             help="the SQLite database's -wal file is at most N bytes",
         )
         parser.add_argument(
+            "--max-claim-p99",
+            type=float,
+            metavar="SECONDS",
+            help="no live worker's claims took longer than this at their 99th percentile, between "
+            "its last two heartbeats (a long transaction, a missing vacuum: docs/howto/databases.md)",
+        )
+        parser.add_argument(
             "--max-open-batch-age",
             type=float,
             metavar="SECONDS",
@@ -102,7 +109,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print a JSON object instead of a line")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        for flag in ("max_due_age", "max_open_batch_age", "max_snapshot_age"):
+        for flag in ("max_due_age", "max_open_batch_age", "max_snapshot_age", "max_claim_p99"):
             if options[flag] is not None and not options[flag] >= 0:
                 name = "--" + flag.replace("_", "-")
                 raise CommandError(f"{name} {options[flag]!r} must be a number of seconds >= 0")
@@ -249,7 +256,29 @@ def thresholds(alias: str, options: dict[str, Any]) -> dict[str, Finding]:
         found.update(horizon(alias, options))
     if options["max_open_batch_age"] is not None:
         found["open_batch_age"] = open_batch_age(alias, now, options["max_open_batch_age"])
+    if options["max_claim_p99"] is not None:
+        found["claim_p99"] = claim_p99(alias, now, options["max_claim_p99"])
     return found
+
+
+def claim_p99(alias: str, now: int, limit: float) -> Finding:
+    """The slowest live worker's claims, at their 99th percentile between its last two
+    heartbeats (rws_workers.claim_p99)."""
+    from django_rws_jobs.models import Worker
+
+    live = [
+        w
+        for w in Worker.objects.using(alias).only("heartbeat_at", "heartbeat_interval", "claim_p99")
+        if w.alive(now) and w.claim_p99 is not None
+    ]
+    if not live:
+        return True, "no live worker has reported its claims' durations yet"
+    slowest = max(live, key=lambda w: w.claim_p99)
+    ok = slowest.claim_p99 <= limit
+    return ok, (
+        f"the slowest claims, worker {slowest.pk}'s: {1000 * slowest.claim_p99:.1f} ms at the 99th percentile"
+        + ("" if ok else f", over --max-claim-p99 {limit:g}: see docs/howto/databases.md")
+    )
 
 
 def locked(alias: str, now: int, limit: int) -> Finding:
