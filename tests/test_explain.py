@@ -92,6 +92,13 @@ def plan(sql: str, params: list) -> str:
         return "\n".join(str(r[-1]) for r in c.fetchall())
 
 
+def sql_literal(value) -> str:
+    """A parameter written as an SQL literal: an int, a string, a list of strings (an array)."""
+    if isinstance(value, list):
+        return "ARRAY[" + ", ".join(sql_literal(v) for v in value) + "]"
+    return str(value) if isinstance(value, int) else "'" + str(value).replace("'", "''") + "'"
+
+
 def generic_plan(sql: str, params: list) -> str:
     """PostgreSQL's plan for ``sql`` prepared, whatever the parameters: the plan the worker's
     prepared statements settle on after a few runs."""
@@ -108,9 +115,7 @@ def generic_plan(sql: str, params: list) -> str:
         c.execute("BEGIN")
         c.execute("SET LOCAL plan_cache_mode TO force_generic_plan")
         c.execute(f"PREPARE rws_claim AS {text}")
-        literals = ", ".join(
-            str(v) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'" for v in params
-        )
+        literals = ", ".join(sql_literal(v) for v in params)
         c.execute(f"EXPLAIN EXECUTE rws_claim({literals})")
         rows = c.fetchall()
         c.execute("ROLLBACK")
@@ -374,9 +379,7 @@ def pages_read(statement, generic: bool) -> int:
         c.execute(f"SET LOCAL plan_cache_mode TO {'force_generic_plan' if generic else 'force_custom_plan'}")
         numbers = itertools.count(1)
         c.execute("PREPARE rws_claim AS " + re.sub("%s", lambda _: f"${next(numbers)}", statement.text))
-        literals = ", ".join(
-            str(v) if isinstance(v, int) else "'" + str(v).replace("'", "''") + "'" for v in statement.params
-        )
+        literals = ", ".join(sql_literal(v) for v in statement.params)
         c.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE rws_claim({literals})")
         (plan,) = c.fetchone()
         c.execute("ROLLBACK")
@@ -437,6 +440,28 @@ def test_a_resumed_claim_starts_at_its_point_past_dead_entries(queues):
             from_start = pages_read(top_band, generic)  # all 25,000 dead entries, read
             assert resumed < 30 and from_start > 150
             assert resumed < looked_back < from_start / 3
+    finally:
+        holder.close()
+
+
+@pytest.mark.skipif(os.environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL's planner")
+@pytest.mark.parametrize("live", [0, 1])
+def test_completions_go_by_primary_key_after_an_analyze_of_a_nearly_empty_queue(live):
+    # A held snapshot keeps 100,000 dead entries in every index; an analyze finds the queue (all but)
+    # empty: the table's estimate is then at most a row, so a scan of the queue index, whose last
+    # column is the id, looked as cheap as the primary key's lookups, and read every dead entry.
+    from django_rws_jobs.database.connections import private_connection
+
+    now = int(time.time())
+    holder = private_connection("default")
+    try:
+        held_dead_entries(holder, [("a", now - 100, 100_000)], [("d", now - 10, live)])
+        for n in (1, 2, 4, 16):
+            ids = [f"d{i:06d}" for i in range(1, n + 1)]
+            text = generic_plan(*ops().complete_delete(ids, "token").add(" RETURNING id"))
+            assert "rws_jobs_pkey" in text, text
+            for other in ("rws_jobs_claim_idx", "rws_jobs_due_idx", "rws_jobs_queue_idx"):
+                assert other not in text, text
     finally:
         holder.close()
 
