@@ -19,7 +19,7 @@ from .base import BaseBackend, BaseFeatures, Store, idle_transaction_seconds
 from .claimed import CLAIM_COLUMNS, Claimed
 from .cursors import PLACEHOLDER, DriverCursor
 from .inserts import COPY_SQL
-from .statements import BAND_ORDER_ASC, CLAIM_SET, Sql, band_order_key, queue_filter
+from .statements import BAND_ORDER_ASC, CLAIM_SET, Sql, band_order_key, placeholders, queue_filter
 
 #: A batch's member rows, streamed (queue/members.py).
 MEMBERS_COPY_SQL = "COPY rws_batch_members (job_id, batch_id) FROM STDIN"
@@ -356,16 +356,18 @@ class PostgreSQLBackend(BaseBackend):
     def complete_delete(self, ids: Sequence[str], token: str) -> Sql:
         """Delete finished jobs that the claim ``token`` still holds: the rows a select finds by
         primary key, read by their ctid. The select asks for the ids' order, which only the
-        primary key gives without a sort (the worker turns sorts off; one array, so that a single
-        id is no constant, whose order any index gives): by "id IN (...)" alone,
+        primary key gives without a sort (the worker turns sorts off; a single id is listed twice,
+        for the order of one constant is any index's): by "id IN (...)" alone,
         after an analyze that found the queue nearly empty, a plan scanned the queue index, whose
         last column is the id, through every dead entry a held snapshot keeps
         (tests/test_explain.py
         test_completions_go_by_primary_key_after_an_analyze_of_a_nearly_empty_queue)."""
+        listed = list(ids) if len(ids) > 1 else [*ids, *ids]
         return Sql(
-            "DELETE FROM rws_jobs WHERE ctid = ANY(ARRAY(SELECT ctid FROM rws_jobs WHERE id = ANY(%s) "
-            "ORDER BY id)) AND locked_by = %s AND (status = 'running') IS TRUE",
-            [list(ids), token],
+            "DELETE FROM rws_jobs WHERE ctid = ANY(ARRAY(SELECT ctid FROM rws_jobs WHERE id IN "
+            f"({placeholders(len(listed))}) ORDER BY id)) AND locked_by = %s "
+            "AND (status = 'running') IS TRUE",
+            [*listed, token],
         )
 
     def claim_queue_filter(self, queues: Sequence[str] | None) -> Sql:
