@@ -45,7 +45,7 @@ class Store:
         self.resume: tuple[Any, ...] | None = None
         self.resume_until = 0.0
         # PostgreSQL: until when (time.monotonic()) claims resume at all (see
-        # PostgreSQLBackend.claim_band).
+        # PostgreSQLBackend.claim).
         self.resuming_until = 0.0
         # The last band walk passed bands that hold only future jobs: the next claim walks first
         # too, instead of trying the top band (a claim that finds nothing) every time.

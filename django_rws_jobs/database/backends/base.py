@@ -354,8 +354,9 @@ class BaseBackend(Statements):
         (tests/test_explain.py test_a_resumed_claim_starts_at_its_point_past_dead_entries). Rows
         that sort before the point (a job handed back or recovered, one enqueued with a due
         time in the past, a waiting job promoted, a transaction that commits late) are found
-        when a resumed claim comes back short, which then looks from the band's start, and at
-        the latest RESUME_SECONDS after a claim last started there.
+        by the backend's resumed claim when it comes back short (MySQLBackend.claim_band looks
+        from the band's start; PostgreSQLBackend.claim looks back LOOK_BACK seconds), and by the
+        claim from the band's start once the point expires (``store.resume_until``).
         """
         if store.resume is None or time.monotonic() >= store.resume_until:
             return None
