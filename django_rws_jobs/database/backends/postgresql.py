@@ -414,16 +414,12 @@ class PostgreSQLBackend(BaseBackend):
         with store.writes, store.cursor() as c:
             select = self.resumed_select(queues, point, now, limit)
             rows = self.mark(store, c, select, token, lease_until, now, locks=True)
-            if not rows:
-                store.execute(c, *self.higher_band_select(queues, point[0]))
-                if c.fetchone() is not None:
-                    store.resume = None
-                    rows = self.claim_bands(
-                        store, c, token, lease_until, now, queues, limit, [], None, store.walk_first
-                    )
-                    self.move_point(store, rows)
-                    return rows
-            if len(rows) < limit:
+            if not rows and self.higher_band(store, c, queues, point[0]):
+                store.resume = None
+                rows = self.claim_bands(
+                    store, c, token, lease_until, now, queues, limit, [], None, store.walk_first
+                )
+            elif len(rows) < limit:
                 rows = self.claim_bands(
                     store, c, token, lease_until, now, queues, limit, rows, point[0], True
                 )
@@ -470,12 +466,9 @@ class PostgreSQLBackend(BaseBackend):
             qsql = self.claim_queue_filter(queues)
             hint = self.claim_index_hint(queues)
             rows = f"SELECT ctid FROM rws_jobs{hint} WHERE status = 'pending' AND priority = %s"
-            # The band above, if any: the last entry of the pending range, read backwards, the
-            # newest (ORDER BY: a generic plan otherwise reads another index's whole range).
+            higher = self.higher_band_select(queues, 0).text
             end = (
-                f"{qsql.text} AND (SELECT priority FROM rws_jobs WHERE status = 'pending' AND priority > %s"
-                f"{qsql.text} ORDER BY priority DESC LIMIT 1) IS NULL ORDER BY {BAND_ORDER_ASC} LIMIT {want}"
-                f"{self.claim_lock}"
+                f"{qsql.text} AND ({higher}) IS NULL ORDER BY {BAND_ORDER_ASC} LIMIT {want}{self.claim_lock}"
             )
             after = f"{rows} AND next_run_at <= %s AND (next_run_at, created_at, id) > (%s, %s, %s){end}"
             before = (
@@ -496,13 +489,20 @@ class PostgreSQLBackend(BaseBackend):
         return Sql(text, [*after_params, *before_params])
 
     def higher_band_select(self, queues: Sequence[str] | None, band: int) -> Sql:
-        """A pending job of a band above ``band``, if any: the guard of resumed_select, alone."""
+        """The priority of a pending job of a band above ``band``, if any (resumed_select's guard):
+        the last entry of the pending range, read backwards, the newest (ORDER BY: a generic plan
+        otherwise reads another index's whole range)."""
         qsql = self.claim_queue_filter(queues)
         return Sql(
-            f"SELECT 1 FROM rws_jobs WHERE status = 'pending' AND priority > %s{qsql.text} "
+            f"SELECT priority FROM rws_jobs WHERE status = 'pending' AND priority > %s{qsql.text} "
             "ORDER BY priority DESC LIMIT 1",
             [band, *qsql.params],
         )
+
+    def higher_band(self, store: Store, c: Any, queues: Sequence[str] | None, band: int) -> bool:
+        """Whether a band above ``band`` holds a pending job."""
+        store.execute(c, *self.higher_band_select(queues, band))
+        return c.fetchone() is not None
 
     def top_due_band_select(self, queues: Sequence[str] | None, below: int | None, now: int) -> Sql:
         # Left to itself PostgreSQL reads the claim index backwards for MAX, through every future
