@@ -256,24 +256,47 @@ def test_a_claim_from_the_top_resumes_after_the_last_row_it_took(monkeypatch):
     __import__("os").environ.get("RWS_TEST_DB", "sqlite") != "postgres", reason="PostgreSQL's claim"
 )
 @pytest.mark.parametrize("slow", [False, True])
-def test_a_postgresql_claim_resumes_after_a_slow_one_only(monkeypatch, slow):
-    # A claim from the band's start that took longer than SLOW_CLAIM read dead entries: the claims
-    # after it resume. A fast one did not, and resuming would cost CPU for nothing.
+def test_a_postgresql_claim_resumes_after_two_slow_ones_only(monkeypatch, slow):
+    # Two claims from the band's start in a row that took longer than SLOW_CLAIM read dead
+    # entries: the claims after them resume. A fast one did not, and resuming would cost CPU for
+    # nothing; one slow claim alone may be a new connection's first (a worker's first claim).
     from django.db import connection
 
     from django_rws_jobs.database.backends import postgresql
 
     monkeypatch.setattr(postgresql, "SLOW_CLAIM", 0.0 if slow else 60.0)
-    for i in range(5):
+    for i in range(7):
         rws.enqueue("test.record", str(i))
     store = Store(connection)
     assert _claim(store, "w#1", 2) == ["0", "1"]
+    assert store.resume is None and store.resuming_until == 0.0  # one slow claim: not yet
+    assert _claim(store, "w#2", 2) == ["2", "3"]
     assert (store.resume is not None) is slow
     assert (store.resuming_until > time.monotonic()) is slow
     if slow:  # kept longer after a slower claim from the start, within bounds
         kept = store.resume_until - time.monotonic()
         assert postgresql.MIN_RESUME_SECONDS - 0.1 < kept <= postgresql.MAX_RESUME_SECONDS
-    assert _claim(store, "w#2", 2) == ["2", "3"]
+    assert _claim(store, "w#3", 2) == ["4", "5"]
+
+
+@skip_unless_db_feature("resumes_with_queue_filter")
+def test_a_point_made_under_another_queue_filter_is_dropped():
+    # A worker that claimed from "b" alone (while "a" was paused) has a point past a's jobs; once
+    # "a" is resumed it claims from every queue, and a's jobs, which sort before the point, come
+    # first: the point belonged to the other filter.
+    from django.db import connection
+
+    a = [rws.enqueue("test.record", f"a{i}", queue="a") for i in range(2)]
+    Job.objects.filter(id__in=a).update(next_run_at=int(time.time()) - 60)
+    for i in range(4):
+        rws.enqueue("test.record", f"b{i}", queue="b")
+    store = Store(connection)
+    store.resuming_until = float("inf")  # PostgreSQL: as after slow claims
+    now = int(time.time())
+    assert [j.payload for j in store.claim("w#1", now, now + 60, ["b"], 2)] == ["b0", "b1"]
+    assert store.resume is not None and store.resume_queues == ("b",)
+    assert _claim(store, "w#2", 3) == ["a0", "a1", "b2"]
+    assert store.resume_queues is None
 
 
 def _resuming_store():

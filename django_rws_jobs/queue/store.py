@@ -44,9 +44,13 @@ class Store:
         # (time.monotonic()) the next claim may start there (see BaseBackend.resume_point).
         self.resume: tuple[Any, ...] | None = None
         self.resume_until = 0.0
+        # The queue filter of the claims that set the point (a tuple, or None for every queue).
+        self.resume_queues: tuple[str, ...] | None = None
         # PostgreSQL: until when (time.monotonic()) claims resume at all (see
         # PostgreSQLBackend.claim).
         self.resuming_until = 0.0
+        # PostgreSQL: how long (seconds) the last claim from the band's start took.
+        self.start_claim_took = 0.0
         # The last band walk passed bands that hold only future jobs: the next claim walks first
         # too, instead of trying the top band (a claim that finds nothing) every time.
         self.walk_first = False

@@ -284,8 +284,10 @@ def _literal(value: Any) -> str | None:
     return None
 
 
-#: A claim from the band's start slower than this (seconds) read dead entries it could not skip:
-#: the claims of the next RESUMING_FOR seconds resume after their last row (PostgreSQLBackend.claim).
+#: Two claims from the band's start in a row slower than this (seconds) read dead entries they
+#: could not skip: the claims of the next RESUMING_FOR seconds resume after their last row
+#: (PostgreSQLBackend.claim). One alone may have been a new connection's first, or a wait for the
+#: CPU or the GIL.
 SLOW_CLAIM = 0.002
 RESUMING_FOR = 30.0
 #: Seconds of due times a resumed claim that comes back short looks back before its point: the
@@ -392,24 +394,28 @@ class PostgreSQLBackend(BaseBackend):
     ) -> list[Claimed]:
         """While an old snapshot keeps the claimed rows' dead versions, a claim from the band's
         start visits every one of them, and so do the idle worker's probe and the band walk.
-        Once a claim took longer than SLOW_CLAIM, the claims of the next RESUMING_FOR seconds
-        start at the Store's resume point instead: one statement takes the due jobs after it,
-        and, if they are too few, those of the LOOK_BACK seconds before it (resumed_select). A
-        claim that comes back short then looks only at the bands below the point's, unless a
-        band above it holds a pending job: then it claims from the top. Jobs further behind the
-        point are taken by the next claim from the band's start, when the point expires
-        (keep_point; tests/test_tick.py, the tests of the resumed claim). Without dead entries
-        to skip, a claim from the start costs no more, and resuming would only cost the
-        worker's CPU (test_a_postgresql_claim_resumes_after_a_slow_one_only)."""
+        Once two claims from the start in a row took longer than SLOW_CLAIM, the claims of the
+        next RESUMING_FOR seconds start at the Store's resume point instead: one statement takes
+        the due jobs after it, and, if they are too few, those of the LOOK_BACK seconds before it
+        (resumed_select). A claim that comes back short then looks only at the bands below the
+        point's, unless a band above it holds a pending job: then it claims from the top. Jobs
+        further behind the point are taken by the next claim from the band's start, when the
+        point expires (keep_point; tests/test_tick.py, the tests of the resumed claim). Without
+        dead entries to skip, a claim from the start costs no more, and resuming would only
+        cost the worker's CPU (test_a_postgresql_claim_resumes_after_two_slow_ones_only)."""
         started = time.monotonic()
-        point = self.resume_point(store, queues) if started < store.resuming_until else None
-        if point is None or limit < 1:  # (a dispatcher with no free thread asks for none)
+        point = self.resume_point(store, queues)
+        if point is None or limit < 1 or started >= store.resuming_until:
+            # (a dispatcher with no free thread asks for none)
             rows = super().claim(store, token, now, lease_until, queues, limit, probe_first)
             ended = time.monotonic()
-            if limit >= 1 and ended - started > SLOW_CLAIM:
-                store.resuming_until = ended + RESUMING_FOR
-            if ended < store.resuming_until:
-                self.keep_point(store, rows, ended - started)
+            if limit >= 1:
+                took = min(ended - started, store.start_claim_took)
+                store.start_claim_took = ended - started
+                if took > SLOW_CLAIM:
+                    store.resuming_until = ended + RESUMING_FOR
+                if ended < store.resuming_until:
+                    self.keep_point(store, rows, took)
             return rows
         with store.writes, store.cursor() as c:
             select = self.resumed_select(queues, point, now, limit)
