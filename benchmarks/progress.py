@@ -33,7 +33,7 @@ def drain(db: str, job_type: str, n: int, rows: int) -> float:
 def call_ns() -> float:
     """One progress() call, on a context whose reports are dropped (the writer never wakes)."""
     from django_rws_jobs.database.backends.claimed import Claimed
-    from django_rws_jobs.queue.context import JobContext
+    from django_rws_jobs.running.context import JobContext
 
     job = JobContext(Claimed.stand_in("x"), "default")
     job._queued = True  # as after the first report: later ones only replace it

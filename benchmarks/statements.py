@@ -38,8 +38,8 @@ def main() -> None:
 
     from benchmarks.run import reset_database
     from django_rws_jobs import enqueue, enqueue_many
+    from django_rws_jobs.api.enqueue import INSERT_SQL, prepare
     from django_rws_jobs.database.connections import private_connection
-    from django_rws_jobs.queue.api import INSERT_SQL, prepare
     from django_rws_jobs.queue.store import Store
 
     reset_database(args.db)

@@ -12,14 +12,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import JobCancelled, JobTimeout
-from .queue.context import JobContext, current_job
 from .queue.progress import Progress
 from .queue.registry import job, register
+from .running.context import JobContext, current_job
 
 if TYPE_CHECKING:
+    from .api.batches import Batch, Call
+    from .api.batches import batch as OpenBatch
     from .models import Job, Worker
-    from .queue.batches import Batch, Call
-    from .queue.batches import batch as OpenBatch
     from .schedules.declared import Schedule
 
 __all__ = [
@@ -77,7 +77,7 @@ def enqueue(
     (blocked) until each has succeeded; ``on_dependency_failure``: "cancel", "run" or "wait".
     ``metadata``: a dict (JSON) the job carries: ``Job.metadata``, ``current_job().metadata``.
     """
-    from .queue.api import enqueue as _enqueue
+    from .api.enqueue import enqueue as _enqueue
 
     return _enqueue(
         job_type,
@@ -99,35 +99,35 @@ def enqueue(
 
 def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: int = 1000) -> list[str]:
     """Store many jobs in one go (items: job_type, (job_type, payload) or a dict of enqueue's arguments)."""
-    from .queue.api import enqueue_many as _enqueue_many
+    from .api.enqueue import enqueue_many as _enqueue_many
 
     return _enqueue_many(jobs, using=using, batch_size=batch_size)
 
 
 def jobs(status: str | None = None, limit: int = 100, *, using: str | None = None) -> list[Job]:
     """Jobs with ``status`` (all when None), highest priority and earliest due first, at most ``limit``."""
-    from .queue.api import jobs as _jobs
+    from .api.enqueue import jobs as _jobs
 
     return _jobs(status, limit, using=using)
 
 
 def failed_jobs(limit: int = 100, *, using: str | None = None) -> list[Job]:
     """The dead-letter list: jobs that exhausted their retries."""
-    from .queue.api import failed_jobs as _failed
+    from .api.enqueue import failed_jobs as _failed
 
     return _failed(limit, using=using)
 
 
 def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
     """Put a failed job back in the queue, due now (or at ``now``), attempts reset."""
-    from .queue.dead_letters import retry as _retry
+    from .api.dead_letters import retry as _retry
 
     return _retry(job_id, using=using, now=now)
 
 
 def delete(job_id: str, *, using: str | None = None) -> bool:
     """Delete a job that is not running."""
-    from .queue.dead_letters import delete as _delete
+    from .api.dead_letters import delete as _delete
 
     return _delete(job_id, using=using)
 
@@ -181,7 +181,7 @@ def cancel(job_id: str, *, by: str | None = None, using: str | None = None) -> b
     """Cancel a pending, waiting or running job; False when no such job has that id. A running
     job's worker stops its handler within about a second; a cancelled job is never retried.
     ``by``: who asked, kept on the row."""
-    from .queue.cancellation import cancel as _cancel
+    from .api.cancellation import cancel as _cancel
 
     return _cancel(job_id, by=by, using=using)
 
@@ -201,7 +201,7 @@ def batch(
     has ended, ``on_finish`` is enqueued, and ``on_success`` if all succeeded, else
     ``on_failure``: each once per finish, whatever crashes. ``fail_fast``: the first member that
     dies cancels the rest. ``b.id`` is its id."""
-    from .queue.batches import batch as _batch
+    from .api.batches import batch as _batch
 
     return _batch(
         on_success=on_success,
@@ -218,7 +218,7 @@ def call(target: Any, *args: Any, **options: Any) -> Call:
     """A batch's callback: a job_type, its payload and enqueue options
     (``call("reports.build", "7", queue="reports")``), or a django.tasks task and its arguments
     (``call(build_report, import_id=7)``)."""
-    from .queue.batches import call as _call
+    from .api.batches import call as _call
 
     return _call(target, *args, **options)
 
@@ -227,14 +227,14 @@ def chain(*steps: Any, on_dependency_failure: str = "cancel", using: str | None 
     """Enqueue jobs that run one step after another, in one transaction: each step a
     ``call(...)`` or a list of them run side by side (``chain(call("a"), [call("b"),
     call("c")], call("d"))``); a step that fails cancels the rest. The ids, in order."""
-    from .queue.chains import chain as _chain
+    from .api.chains import chain as _chain
 
     return _chain(*steps, on_dependency_failure=on_dependency_failure, using=using)
 
 
 def get_batch(batch_id: str, *, using: str | None = None) -> Batch | None:
     """The batch ``batch_id`` with its state and counts, or None."""
-    from .queue.batches import get_batch as _get_batch
+    from .api.batches import get_batch as _get_batch
 
     return _get_batch(batch_id, using=using)
 
@@ -242,6 +242,6 @@ def get_batch(batch_id: str, *, using: str | None = None) -> Batch | None:
 def get_progress(job_id: str, *, using: str | None = None) -> Progress | None:
     """The progress the job's handler last reported (``current_job().progress(...)``), or None
     if it reported none or the job is gone (a job that succeeded is deleted)."""
-    from .queue.reports import get_progress as _get_progress
+    from .running.reports import get_progress as _get_progress
 
     return _get_progress(job_id, using=using)

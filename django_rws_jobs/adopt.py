@@ -88,7 +88,7 @@ def _hash_unique_keys(schema_editor: BaseDatabaseSchemaEditor, model: type[model
     earliest (tests/test_adopt.py::test_migrate_adopts_a_table_rust_created_and_keeps_every_row)."""
     if "unique_hash" not in {f.column for f in model._meta.local_concrete_fields}:
         return  # rws_job_schedules
-    from .queue.api import unique_hash
+    from .api.enqueue import unique_hash
 
     q = schema_editor.quote_name
     table = q(model._meta.db_table)

@@ -128,7 +128,7 @@ class Job(models.Model):
     cancel_requested_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds"))
     cancelled_at = models.BigIntegerField(null=True, blank=True, help_text=_("unix seconds"))
     cancelled_by = models.CharField(max_length=191, null=True, blank=True)
-    # Batches (queue/batches.py): the batch a member belongs to, or whose callback this job is;
+    # Batches (api/batches.py): the batch a member belongs to, or whose callback this job is;
     # a callback's event ("success", "failure", "finish"), NULL for a member. Membership itself
     # is the rws_batch_members row, which outlives the job's row.
     batch_id = models.CharField(max_length=64, null=True, blank=True)
@@ -136,8 +136,8 @@ class Job(models.Model):
     # Set once a job enqueued with after= waits for this one (dependencies.py): the worker that
     # ends it resolves its dependents at once; the deletion of a finished job returns it.
     has_dependents = models.BooleanField(null=True, blank=True, editable=False)
-    # What the job carries and tells (queue/context.py): metadata from enqueue(metadata=), kept
-    # by save_metadata(); the last progress a handler reported and when (queue/reports.py). Both
+    # What the job carries and tells (running/context.py): metadata from enqueue(metadata=), kept
+    # by save_metadata(); the last progress a handler reported and when (running/reports.py). Both
     # written while the job runs only by its claim's holder (fenced on locked_by).
     metadata = models.JSONField(null=True, blank=True)
     progress = models.TextField(
@@ -226,7 +226,7 @@ class JobSchedule(models.Model):
 
 
 class BatchState(models.TextChoices):
-    """A batch's state (queue/batches.py). ``open``: jobs are being added (the ``with`` block runs);
+    """A batch's state (api/batches.py). ``open``: jobs are being added (the ``with`` block runs);
     ``sealed``: the block ended, the batch finishes once no member is outstanding; ``finished``:
     its callbacks were enqueued (``retry_failed`` seals it again, one generation later);
     ``cancelled``: ``cancel()`` or an exception in the block, no callback fires."""

@@ -13,8 +13,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import django_rws_jobs as rws
+from django_rws_jobs.api import dead_letters
+from django_rws_jobs.api import enqueue as api
 from django_rws_jobs.models import Job, JobSchedule
-from django_rws_jobs.queue import api, dead_letters
 from tests.test_admin import DEAD, JOBS, OVERVIEW, SCHEDULES, make_job, messages_of, now
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ import time
 import pytest
 from django.db import connection, connections
 
-from django_rws_jobs.queue.api import unique_hash
+from django_rws_jobs.api.enqueue import unique_hash
 from tests.conftest import ROOT, start_worker, subprocess_env
 from tests.settings import TMP
 

@@ -12,12 +12,12 @@ from django.db import connection, connections, transaction
 from django.test import override_settings
 
 import django_rws_jobs as rws
+from django_rws_jobs.api.batches import BatchClosed
 from django_rws_jobs.database.backends.claimed import Claimed
 from django_rws_jobs.models import BatchMember, BatchOutput, BatchRecord, Job
-from django_rws_jobs.queue import batch_outcomes, outputs
-from django_rws_jobs.queue.batches import BatchClosed
-from django_rws_jobs.queue.context import output_text
 from django_rws_jobs.queue.store import Store
+from django_rws_jobs.running.context import output_text
+from django_rws_jobs.workflows import batch_outcomes, outputs
 from tests.conftest import drain
 from tests.testapp.models import Run
 
@@ -764,7 +764,7 @@ def test_deleting_a_dependency_cancels_a_waiting_member_and_finishes_its_batch(c
 
 
 def test_the_admins_delete_of_a_dead_dependency_finishes_a_waiting_members_batch(cancelled_signals):
-    from django_rws_jobs.queue import dead_letters
+    from django_rws_jobs.api import dead_letters
 
     dep = rws.enqueue("test.batch_member", "fail", max_retries=0)
     drain()

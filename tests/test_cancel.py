@@ -16,10 +16,11 @@ from django.urls import reverse
 
 import django_rws_jobs as rws
 import tests.cancel_handlers  # noqa: F401  (registers the handlers of the tick() tests)
+from django_rws_jobs.api.cancellation import prune_cancelled
+from django_rws_jobs.attempts.outcomes import WORKER_LOST, record, recover
+from django_rws_jobs.attempts.run import AsyncRun, Watch, execute, watch
 from django_rws_jobs.flow.concurrency_keys import SLOTS, KeySweep
 from django_rws_jobs.models import Job
-from django_rws_jobs.queue.cancellation import prune_cancelled
-from django_rws_jobs.queue.runner import WORKER_LOST, AsyncRun, Watch, execute, record, recover, watch
 from django_rws_jobs.queue.store import Store
 from django_rws_jobs.signals import job_cancelled
 from django_rws_jobs.worker.executor import Executor

@@ -173,7 +173,7 @@ def test_each_way_out_of_running_frees_the_slot_once_and_promotes_the_next():
 
 
 def test_recovery_of_a_lost_worker_frees_its_slot_and_promotes_the_next():
-    from django_rws_jobs.queue.runner import recover
+    from django_rws_jobs.attempts.outcomes import recover
 
     store = Store(connection)
     first = rws.enqueue("test.keyed", "a", concurrency_key="k", max_retries=0)
@@ -334,7 +334,7 @@ def test_the_slots_match_a_model_whatever_the_interleaving(ops, limit):
     deletion in any order: no key ever has more slots taken than its limit or two jobs in one
     slot (none doubled), and a sweep fills every free slot that has a due job waiting (none
     leaked)."""
-    from django_rws_jobs.queue.runner import recover
+    from django_rws_jobs.attempts.outcomes import recover
 
     job_type = {1: "test.keyed", 2: "test.keyed2", 3: "test.keyed3"}[limit]
     Job.objects.all().delete()

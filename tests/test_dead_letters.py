@@ -69,8 +69,8 @@ def test_retry_refuses_to_break_a_unique_key():
 def test_a_failed_job_holding_the_key_does_not_block_a_retry(how):
     """A rust-web-server writer leaves unique_hash set on a job that fails; only a pending or
     running job holds its key, so another dead job of the same key can be retried."""
-    from django_rws_jobs.queue.api import unique_hash
-    from django_rws_jobs.queue.dead_letters import retry_many
+    from django_rws_jobs.api.dead_letters import retry_many
+    from django_rws_jobs.api.enqueue import unique_hash
 
     first = make("failed", unique="k")
     second = make("failed", unique="k")
@@ -99,8 +99,8 @@ def test_a_delete_keeps_its_status_condition_with_delete_receivers():
     the receiver plays that worker. Deletes are one statement that keeps its status condition."""
     from django.db.models.signals import post_delete, pre_delete
 
+    from django_rws_jobs.api.dead_letters import delete_where
     from django_rws_jobs.models import Status
-    from django_rws_jobs.queue.dead_letters import delete_where
 
     calls = []
 

@@ -9,11 +9,11 @@ import pytest
 from django.db import connection, connections, transaction
 
 import django_rws_jobs as rws
+from django_rws_jobs.api.dead_letters import retry_many
 from django_rws_jobs.database.connections import private_connection
 from django_rws_jobs.models import Dependency, Job
-from django_rws_jobs.queue import batch_outcomes, dependencies
-from django_rws_jobs.queue.dead_letters import retry_many
 from django_rws_jobs.queue.store import Store
+from django_rws_jobs.workflows import batch_outcomes, dependencies
 from tests.conftest import drain
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -101,7 +101,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_package_has_no_import_cycle():
     known = modules()
     graph = {name: imported(name, path, known) for name, path in known.items()}
-    assert "django_rws_jobs.queue.ids" in graph["django_rws_jobs.queue.api"]  # the reading works
+    assert "django_rws_jobs.queue.ids" in graph["django_rws_jobs.api.enqueue"]  # the reading works
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
@@ -118,6 +118,10 @@ PARTS: list[tuple[str, set[str]]] = [
     ("flow", {"flow"}),
     ("checks", {"checks"}),
     ("queue", {"queue"}),
+    ("workflows", {"workflows"}),
+    ("api", {"api"}),
+    ("running", {"running"}),
+    ("attempts", {"attempts"}),
     ("tasks", {"tasks"}),
     ("schedules", {"schedules"}),
     ("operations", {"operations"}),
@@ -265,3 +269,20 @@ def test_a_thread_pool_worker_of_jobs_loads_neither_the_process_pool_nor_the_tas
     row (queue/registry.py). (Django's SQLite backend imports multiprocessing itself.)"""
     modules = ("worker.pool", "worker.child", "tasks.rows")
     assert loaded_by_a_burst_worker(*(f"django_rws_jobs.{m}" for m in modules)) == []
+
+
+def test_the_package_imports_before_the_app_registry_is_ready():
+    # A project's settings or jobs.py may import it before django.setup(): the public modules
+    # import what loads the models on call (running/context.py says so).
+    import subprocess
+    import sys
+
+    code = (
+        "import django_rws_jobs as rws\n"
+        "from django.apps import apps\n"
+        "assert not apps.ready\n"
+        "print(rws.current_job(), rws.job, rws.JobContext.__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("None ")

@@ -362,7 +362,7 @@ def test_a_nul_in_any_json_value_is_refused_on_every_database():
     on."""
     from django.db import transaction
 
-    from django_rws_jobs.queue.context import output_text
+    from django_rws_jobs.running.context import output_text
     from django_rws_jobs.tasks.compat import InvalidTask
     from tests.testapp.tasks import tagged
 

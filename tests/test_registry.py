@@ -56,7 +56,8 @@ def test_public_functions_have_real_signatures(name):
     import inspect
 
     import django_rws_jobs
-    from django_rws_jobs.queue import api, dead_letters
+    from django_rws_jobs.api import dead_letters
+    from django_rws_jobs.api import enqueue as api
     from django_rws_jobs.schedules import ticks as schedules
     from django_rws_jobs.worker import tick as run_one
 

@@ -1,5 +1,5 @@
 """Metadata, progress and save_metadata(): what a job carries and what its running handler tells
-(queue/context.py, queue/reports.py)."""
+(running/context.py, running/reports.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.db import connection, connections
 
 import django_rws_jobs as rws
 from django_rws_jobs.models import Job, Status
-from django_rws_jobs.queue import reports
+from django_rws_jobs.running import reports
 from tests.test_worker import wait_for, workers  # noqa: F401  (a fixture)
 from tests.testapp.models import Run
 
@@ -152,7 +152,7 @@ def test_progress_in_a_tight_loop_costs_a_few_writes(monkeypatch):
 )
 def test_bad_progress_is_a_clear_error(args, error, message):
     from django_rws_jobs.database.backends.claimed import Claimed
-    from django_rws_jobs.queue.context import JobContext
+    from django_rws_jobs.running.context import JobContext
 
     job = JobContext(Claimed.stand_in("x"), "default", inline_writes=True)
     with pytest.raises(error, match=message):
@@ -251,7 +251,7 @@ def test_progress_is_seen_while_the_handler_holds_a_transaction(workers, pool, t
 def test_a_stopped_attempt_keeps_its_metadata_and_last_progress(workers, pool, end, job_type):  # noqa: F811
     """JobTimeout, JobCancelled and a child's SystemExit are no Exceptions: the attempt's end writes
     the handler's unsaved metadata and its last progress all the same, before its outcome is
-    recorded (runner.execute). The handler holds the writer's rounds off: only that end writes."""
+    recorded (run.execute). The handler holds the writer's rounds off: only that end writes."""
     job_id = rws.enqueue(job_type, end, metadata={"tenant": 3}, timeout=1 if end == "timeout" else None)
     w = workers("--workers", "1", "--pool", pool, jobs={"TIMEOUT_GRACE": 30, "POLL_INTERVAL": 0.1})
     wait_for(lambda: traced("stalling") == [end], what="the handler to stall" + w.output())
@@ -283,7 +283,7 @@ def test_a_tasks_result_keeps_its_metadata():
 
 def test_a_failed_tasks_attempt_keeps_its_last_progress():
     """A task's attempt that fails writes its last report at its end, as a job's does
-    (runner.execute, the row runner's ``failed``)."""
+    (run.execute, the row runner's ``failed``)."""
     from tests.testapp.tasks import report_then_fail
 
     result = report_then_fail.enqueue(3)

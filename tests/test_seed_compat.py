@@ -6,9 +6,9 @@ import pytest
 from django.db import connection
 
 import django_rws_jobs as rws
+from django_rws_jobs.attempts.outcomes import recover
 from django_rws_jobs.database.connections import private_connection
 from django_rws_jobs.models import Job
-from django_rws_jobs.queue.runner import recover
 from django_rws_jobs.queue.store import Store
 
 pytestmark = pytest.mark.django_db(transaction=True)

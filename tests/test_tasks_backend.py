@@ -318,7 +318,8 @@ def test_a_running_task_shows_its_worker():
 def test_a_late_result_writes_nothing():
     from django.db import connection
 
-    from django_rws_jobs.queue.runner import execute, record
+    from django_rws_jobs.attempts.outcomes import record
+    from django_rws_jobs.attempts.run import execute
     from django_rws_jobs.queue.store import Store
 
     result = tasks.record.enqueue("late")
@@ -335,7 +336,7 @@ def test_a_late_result_writes_nothing():
 def test_recovery_records_a_worker_lost_error():
     from django.db import connection
 
-    from django_rws_jobs.queue.runner import recover
+    from django_rws_jobs.attempts.outcomes import recover
     from django_rws_jobs.queue.store import Store
     from django_rws_jobs.tasks.errors import WorkerLost
 

@@ -5,8 +5,8 @@ import pytest
 from django.test import override_settings
 
 import django_rws_jobs as rws
+from django_rws_jobs.attempts.outcomes import backoff_delay, record
 from django_rws_jobs.models import Job
-from django_rws_jobs.queue.runner import backoff_delay, record
 from django_rws_jobs.queue.store import Store
 from django_rws_jobs.signals import job_dead
 from tests.features import skip_unless_db_feature
@@ -504,8 +504,8 @@ def test_tick_renews_the_lease_while_the_handler_runs(runs):
 
     from django.db import connections
 
+    from django_rws_jobs.attempts.outcomes import recover
     from django_rws_jobs.database.connections import private_connection
-    from django_rws_jobs.queue.runner import recover
 
     job_id = rws.enqueue("test.sleep", "3")
 

@@ -17,10 +17,10 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from ..api.batches import Batch, get_batch
 from ..database.connections import queue_alias
 from ..models import BatchOutput, BatchRecord
-from ..queue import outputs
-from ..queue.batches import Batch, get_batch
+from ..workflows import outputs
 from .common import QueueDatabaseAdmin, ReadOnlyAdminMixin, links, pre, time_cell
 
 #: The permission the cancel action needs (Job's Meta.permissions), as on the jobs list.
@@ -57,7 +57,7 @@ def progress_bar(batch: Batch) -> SafeString:
 
 @admin.register(BatchRecord)
 class BatchAdmin(ReadOnlyAdminMixin, QueueDatabaseAdmin):
-    """View only, with two actions: batches change through the queue (queue/batches.py)."""
+    """View only, with two actions: batches change through the queue (api/batches.py)."""
 
     list_display = (
         "id",

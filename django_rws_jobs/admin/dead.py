@@ -12,9 +12,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.urls import URLPattern, path, reverse
 from django.utils.translation import gettext as _
 
+from ..api.dead_letters import after_delete, delete_where
 from ..database.connections import queue_alias
 from ..models import FailedJob, Job, Status
-from ..queue.dead_letters import after_delete, delete_where
 from .common import links, refuse_nul
 from .dead_actions import DeadLetterActions
 from .dead_reports import LOG_EACH

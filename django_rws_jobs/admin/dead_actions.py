@@ -19,9 +19,10 @@ from django.template.response import TemplateResponse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
+from ..api import dead_letters
+from ..api import enqueue as api
 from ..database.connections import queue_alias
 from ..models import FailedJob, Job, Status
-from ..queue import api, dead_letters
 from .common import links, now
 from .dead_reports import LOG_EACH, DeadLetterReports, batches, ids_text
 

@@ -16,11 +16,11 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from ..api.cancellation import cancel
 from ..conf import jobs_settings
 from ..database.connections import queue_alias
 from ..models import Dependency, Job, JobQuerySet, Status
 from ..operations import humanize
-from ..queue.cancellation import cancel
 from ..queue.progress import parse_progress
 from ..queue.registry import registry, time_limit
 from . import overview

@@ -1,4 +1,4 @@
-# Batches (queue/batches.py): rws_batches, rws_batch_members (a row per member that has not
+# Batches (api/batches.py): rws_batches, rws_batch_members (a row per member that has not
 # succeeded), and on rws_jobs the batch a member or callback belongs to. All ours: the Rust crate
 # ignores the columns and never reads the tables.
 

@@ -1,4 +1,4 @@
-# Dependencies (queue/dependencies.py): the status blocked, rws_job_dependencies (what each job
+# Dependencies (workflows/dependencies.py): the status blocked, rws_job_dependencies (what each job
 # enqueued with after= waits for) and rws_jobs.has_dependents. Ours: the Rust crate claims only
 # pending rows, so it never runs a blocked one.
 

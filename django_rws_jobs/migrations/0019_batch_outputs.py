@@ -1,4 +1,4 @@
-# Batch outputs (queue/context.py JobContext.record, Batch.outputs): rws_batch_outputs. Ours: the
+# Batch outputs (running/context.py JobContext.record, Batch.outputs): rws_batch_outputs. Ours: the
 # Rust crate never reads the table.
 
 from django.db import migrations, models

@@ -1,4 +1,4 @@
-# What a running job knows and tells (queue/context.py, queue/reports.py): rws_jobs.metadata
+# What a running job knows and tells (running/context.py, running/reports.py): rws_jobs.metadata
 # (JSON, from enqueue(metadata=) and save_metadata()), rws_jobs.progress (JSON) and progress_at,
 # and rws_task_results.metadata (a task's metadata, kept after it succeeded). Ours, all nullable:
 # the Rust crate neither reads nor writes them.

@@ -30,6 +30,9 @@ from django.core.signals import setting_changed
 from django.db import transaction
 from django.utils.module_loading import import_string
 
+from ..conf import jobs_settings
+from .metadata import metadata_text
+
 T = TypeVar("T")
 
 
@@ -66,8 +69,6 @@ def chains() -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """(the enqueue methods, the execute methods) of RWS_JOBS["MIDDLEWARE"], in its order."""
     global _loaded
     if _loaded is None:
-        from ..conf import jobs_settings
-
         instances = [load(path) for path in jobs_settings.MIDDLEWARE or ()]
         _loaded = (
             tuple(m.enqueue for m in instances if callable(getattr(m, "enqueue", None))),
@@ -145,7 +146,6 @@ def merged(row_metadata: str | None, extra: dict[str, Any]) -> str | None:
     to the enqueueing call's, as a single ``enqueue``'s does (the middleware writes into its
     job's own metadata)
     (tests/test_tracing.py::test_the_callers_trace_context_wins_over_a_copied_one)."""
-    from .metadata import metadata_text
 
     if not extra:
         return row_metadata

@@ -1,4 +1,4 @@
-"""``get_progress``'s answer: what a running job last reported (queue/reports.py writes it)."""
+"""``get_progress``'s answer: what a running job last reported (running/reports.py writes it)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from asgiref.sync import iscoroutinefunction
-from django.utils.module_loading import import_string
+from django.utils.module_loading import autodiscover_modules, import_string
 
 from ..database.validation import (
     INT32_MAX,
@@ -57,7 +57,7 @@ class JobSpec:
     func: Handler
     options: dict[str, Any] = field(default_factory=dict)
     #: ``func`` is an ``async def`` function: the worker runs it on an event loop of its own
-    #: (runner.call_handler). Found once here, not at every job.
+    #: (run.call_handler). Found once here, not at every job.
     is_async: bool = field(init=False)
 
     def __post_init__(self) -> None:
@@ -224,6 +224,5 @@ def job(job_type: str, **options: Any) -> Callable[[Handler], Handler]:
 
 def autodiscover() -> None:
     """Import the ``jobs`` module of every installed app, as the admin does with ``admin``."""
-    from django.utils.module_loading import autodiscover_modules
 
     autodiscover_modules("jobs")

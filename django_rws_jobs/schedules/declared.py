@@ -143,7 +143,7 @@ def _shape_errors(name: str, entry: Any) -> list[ScheduleError]:
 
 
 def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[ScheduleError]]:
-    from ..queue.api import prepare
+    from ..api.enqueue import prepare
 
     def error(message: str, check_id: str) -> ScheduleError:
         return ScheduleError(name, message, check_id)

@@ -74,7 +74,7 @@ def tick_schedules(
 
 def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, alias: str) -> int:
     """Tick one schedule whose row read (next_run_at, cron) or None; return 1 if it enqueued."""
-    from ..queue.api import enqueue
+    from ..api.enqueue import enqueue
 
     expr = cron.parse(schedule.cron)
     nxt = expr.next_after(now)

@@ -177,8 +177,8 @@ class RwsJobsBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
         """Insert the task's row in the caller's transaction; return its READY result."""
+        from ..api.enqueue import insert_prepared
         from ..queue import middleware
-        from ..queue.api import insert_prepared
 
         params = self.job_params(task, args, kwargs)
         stored = history.load(params[2])  # the arguments as JSON made them, the time of enqueue
@@ -219,8 +219,8 @@ class RwsJobsBackend(BaseTaskBackend):
 
     def job_params(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         """The task's row as ``api.prepare`` makes one (enqueue's and enqueue_many's)."""
+        from ..api.enqueue import prepare
         from ..database import clock
-        from ..queue.api import prepare
 
         self.validate_task(task)
         declared = _check_importable(task)

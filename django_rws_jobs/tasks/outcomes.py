@@ -13,11 +13,11 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import transaction
 
+from ..attempts.outcomes import ERROR_MAX, record_cancel, retry_at, send_dead, storable
 from ..database import clock
 from ..database.backends.base import is_registered
 from ..exceptions import TIMED_OUT, JobTimeout
 from ..queue.registry import TASK_PREFIX
-from ..queue.runner import ERROR_MAX, record_cancel, retry_at, send_dead, storable
 from ..queue.store import BACK_IN_QUEUE, Claimed, Store
 from . import history
 from .errors import WorkerLost

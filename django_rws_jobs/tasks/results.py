@@ -52,7 +52,7 @@ class RwsTaskContext(TaskContext):
 
 
 def _running() -> Any:
-    from ..queue.context import current_job
+    from ..running.context import current_job
 
     job = current_job()
     if job is None:

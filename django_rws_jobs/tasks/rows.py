@@ -2,7 +2,7 @@
 outcome is recorded by tasks/outcomes.py.
 
 Registered by its path as the row runner of TASK_PREFIX at start-up (apps.py), and imported at
-the first task row (queue/registry.py), so ``runner.execute`` and ``runner.record`` hand task rows
+the first task row (queue/registry.py), so ``run.execute`` and ``outcomes.record`` hand task rows
 here and a worker of ``@job`` rows only never imports this module.
 """
 
@@ -14,12 +14,12 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction
 from django.db import connections
 
+from ..attempts.run import Returned, _close_old_connections, run_async, watching
 from ..database import clock
 from ..queue import middleware
-from ..queue.context import current_job
 from ..queue.registry import TASK_PREFIX
-from ..queue.runner import Returned, _close_old_connections, run_async, watching
 from ..queue.store import Claimed, Store
+from ..running.context import current_job
 from . import history
 from .errors import TaskNotFound
 from .outcomes import (
@@ -68,7 +68,7 @@ def run_task(job: Claimed) -> TaskOutcome:
     """Call the task with its arguments (and a TaskContext), outside any transaction.
 
     Once the task's function has returned, the task is done, whatever cancel lands: the thread's
-    Watch (runner.Watch) gets the Returned mark by plain stores right after the return, so the
+    Watch (run.Watch) gets the Returned mark by plain stores right after the return, so the
     cancel watcher leaves the job alone and a JobCancelled raised just before lands in the
     building of the result, which the executor then does again (Watch.result)
     (tests/test_cancel.py::test_a_cancel_that_reaches_a_task_after_it_returned_leaves_it_successful)."""

@@ -24,7 +24,7 @@ import types
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..queue.runner import Watch
+from ..attempts.run import Watch
 from ..queue.store import Claimed
 
 #: A job's fields in order, to send it as a tuple (a tuple of plain values pickles faster than
@@ -157,7 +157,7 @@ class _Running:
     """The job this child runs, as its SIGTERM handler sees it."""
 
     def __init__(self) -> None:
-        self.handlers = Watch()  # whether the job's handler has returned (runner.Watch)
+        self.handlers = Watch()  # whether the job's handler has returned (run.Watch)
         self.busy = False  # from a job's receipt to its answer's sending
         self.terminate: int | None = None  # a SIGTERM that came once the handler had returned
 
@@ -184,8 +184,9 @@ def serve(conn: Connection, alias: str) -> None:
     signal.signal(signal.SIGTERM, _terminate)
     from django.db import connections  # (Django is set up: the fork server imported preload.py)
 
-    from ..queue.context import serving
-    from ..queue.runner import describe, execute, watch
+    from ..attempts.outcomes import describe
+    from ..attempts.run import execute, watch
+    from ..running.context import serving
 
     serving.set(alias)
     watch(_running.handlers)

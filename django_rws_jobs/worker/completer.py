@@ -11,14 +11,14 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import close_old_connections, connections
 
+from ..attempts.outcomes import record_or_fallback
 from ..conf import jobs_settings
 from ..database import clock
 from ..flow.concurrency_keys import keys_of, promote
 from ..operations.metrics import FLUSH_EVERY, write
-from ..queue.batch_outcomes import settle
 from ..queue.registry import registry
-from ..queue.runner import record_or_fallback
 from ..queue.store import Claimed, Store
+from ..workflows.batch_outcomes import settle
 from .reconnect import Connection, Retry
 from .shared import Outcome, Shared, outcomes
 

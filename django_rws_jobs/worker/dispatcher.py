@@ -13,9 +13,9 @@ from ..database.connections import is_transient
 from ..flow.concurrency_keys import KeySweep
 from ..flow.limited_claims import claim_limited_queues
 from ..flow.pauses import NONE_UNPAUSED, QueueFilter
-from ..queue.dependencies import release_in_claim
 from ..queue.ids import claim_token
 from ..queue.store import Claimed, Store
+from ..workflows.dependencies import release_in_claim
 from .completer import settle_batches
 from .reconnect import Connection, Retry
 from .shared import Shared, outcomes

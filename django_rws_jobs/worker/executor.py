@@ -10,22 +10,12 @@ from collections.abc import Callable
 
 from django.db import connections
 
+from ..attempts.outcomes import TRACEBACK_MAX, Cancelled, CancelledUnrun, asked_to_cancel, describe, storable
+from ..attempts.run import Watch, _close_old_connections, execute, watch
 from ..conf import jobs_settings
 from ..exceptions import JobCancelled, cancel_message
-from ..queue.context import serving
-from ..queue.runner import (
-    TRACEBACK_MAX,
-    Cancelled,
-    CancelledUnrun,
-    Watch,
-    _close_old_connections,
-    asked_to_cancel,
-    describe,
-    execute,
-    storable,
-    watch,
-)
 from ..queue.store import Claimed
+from ..running.context import serving
 from .shared import Shared
 from .timeouts import Watchdog, async_raise, timeout_for
 
@@ -49,10 +39,10 @@ class Executor:
         self.shared = shared
         self.watchdog = watchdog
         self.default_timeout = jobs_settings.TIMEOUT
-        self.handlers = Watch()  # whether the running job's handler has returned (runner.Watch)
+        self.handlers = Watch()  # whether the running job's handler has returned (run.Watch)
         # The job whose handler a cancel may stop, and whether one was raised for it (see cancel).
         # The Watch's plain Lock (entered by C code only, as the watchdog's): an async def
-        # handler's run is armed under it (runner.run_async).
+        # handler's run is armed under it (run.run_async).
         self.cancel_lock = self.handlers.lock
         self.running: Claimed | None = None
         self.ident = 0
@@ -94,7 +84,7 @@ class Executor:
         """Stop ``job``'s handler if this executor runs it now: JobCancelled raised in its thread
         at its next bytecode (a blocking C call is not interrupted; see README), or, for an async
         def handler on its event loop, asyncio.CancelledError at its next await, then JobCancelled
-        here (runner.AsyncRun). Nothing once the handler has returned: it stays done. Returns
+        here (run.AsyncRun). Nothing once the handler has returned: it stays done. Returns
         what it did (STOPPING, RETURNED_FIRST), or None when this executor does not run ``job``."""
         with self.cancel_lock:
             if self.running is not job:
@@ -114,7 +104,7 @@ class Executor:
         JobCancelled may arrive at any bytecode of this frame: everything after it is inside the
         try whose handler records it, and _stop_cancels drops one raised but not delivered. One
         that lands after the handler returned (raised just before) leaves the handler's outcome
-        as it was (runner.Watch). A JobCancelled that this executor did not raise (the
+        as it was (run.Watch). A JobCancelled that this executor did not raise (the
         handler's own, with no cancel asked) is a failure like any other."""
         try:
             try:

@@ -11,16 +11,16 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import connections
 
+from ..api.cancellation import prune_cancelled
+from ..attempts.outcomes import recover
 from ..conf import jobs_settings
 from ..database import clock
 from ..database.connections import is_transient
 from ..operations import metrics
 from ..operations.worker_rows import Registration, forget_dead, heartbeat_interval
-from ..queue import batch_outcomes, dependencies
-from ..queue.cancellation import prune_cancelled
-from ..queue.runner import recover
 from ..queue.store import Claimed
 from ..tasks.prune import prune_expired
+from ..workflows import batch_outcomes, dependencies
 from .reconnect import Connection, Retry
 from .shared import Shared
 

@@ -17,10 +17,10 @@ import threading
 import time
 from collections.abc import Iterable
 
+from ..attempts.outcomes import Cancelled
 from ..conf import jobs_settings
 from ..database.validation import INT32_MAX, INT64_MAX, integer
 from ..exceptions import cancel_message, timeout_message
-from ..queue.runner import Cancelled
 from ..queue.store import Claimed
 from .child import Child, ChildDied
 from .executor import STOPPING, Executor

@@ -15,12 +15,12 @@ from typing import Any
 
 from django.db import Error as DatabaseError
 
+from ..attempts.outcomes import record_cancel
 from ..database import clock
 from ..flow.concurrency_keys import keys_of, promote
 from ..operations.metrics import Counters
-from ..queue.batch_outcomes import settle
-from ..queue.runner import record_cancel
 from ..queue.store import Claimed
+from ..workflows.batch_outcomes import settle
 from .reconnect import Connection
 
 logger = logging.getLogger("django_rws_jobs")

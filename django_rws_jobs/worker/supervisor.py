@@ -17,6 +17,7 @@ from typing import Any
 from django.db import Error as DatabaseError
 from django.db import connections
 
+from ..attempts.outcomes import recover
 from ..checks import check_value, require_valid_settings
 from ..conf import jobs_settings
 from ..database import clock, wakeup
@@ -25,7 +26,6 @@ from ..database.connections import is_transient, queue_alias
 from ..database.validation import INT32_MAX, INT64_MAX, integer, queue_list
 from ..operations.worker_rows import DEAD_AFTER, Registration, heartbeat_interval, touch
 from ..queue.ids import worker_id
-from ..queue.runner import recover
 from ..queue.store import Claimed
 from ..schedules.ticks import tick_schedules
 from .cancels import CancelWatcher

@@ -17,11 +17,11 @@ from ..queue import ids
 
 def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     """Claim one due job and run it in the calling thread. False when none is due."""
+    from ..attempts.run import run_claimed
     from ..checks import require_valid_settings
-    from ..queue.context import inline
-    from ..queue.context import serving as serving_alias
-    from ..queue.runner import run_claimed
     from ..queue.store import Store
+    from ..running.context import inline
+    from ..running.context import serving as serving_alias
 
     queues = queue_list(queues)
     alias = queue_alias(using)

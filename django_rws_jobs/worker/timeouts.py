@@ -17,10 +17,11 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from ..attempts.outcomes import TRACEBACK_MAX, storable
+from ..attempts.run import Watch as Handlers
+from ..attempts.run import execute
 from ..exceptions import JobTimeout, timeout_message
 from ..queue.registry import time_limit
-from ..queue.runner import TRACEBACK_MAX, execute, storable
-from ..queue.runner import Watch as Handlers
 from ..queue.store import Claimed
 from .shared import Shared
 
@@ -75,7 +76,7 @@ class Watchdog:
     ) -> tuple[bool, str | None, str | None]:
         """Run ``job`` in the calling thread under its limit: (abandoned, error, traceback).
         Abandoned, the failure is recorded already: the caller drops its outcome. ``handlers``
-        is the thread's runner.Watch, through which an async def handler is stopped."""
+        is the thread's run.Watch, through which an async def handler is stopped."""
         watch = Watch(job, threading.get_ident(), seconds, time.monotonic() + seconds, handlers)
         # From the moment the watch is in ``watches``, a JobTimeout may arrive at any bytecode of
         # this frame: everything after the add is inside the try whose handler records it
@@ -154,7 +155,7 @@ class Watchdog:
     def _interrupt(self, watch: Watch) -> None:
         """JobTimeout in the handler's thread; for an async def handler on its event loop,
         asyncio.CancelledError at its next await, then JobTimeout in the thread
-        (runner.AsyncRun), decided under the Watch's lock, which the handler's run is armed
+        (run.AsyncRun), decided under the Watch's lock, which the handler's run is armed
         under (tests/test_timeouts.py::test_an_async_handler_past_its_limit_is_stopped_at_its_await)."""
         handlers = watch.handlers
         if handlers is None:

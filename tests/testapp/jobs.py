@@ -465,7 +465,7 @@ def report(payload: str) -> None:
 def _report_then_change() -> None:
     """Reports steps 1 to 3 of 4 and changes the metadata, saving nothing: the writer's rounds
     are held off, so only the attempt's end writes them (context.JobContext._end)."""
-    from django_rws_jobs.queue import reports
+    from django_rws_jobs.running import reports
 
     ctx = current_job()
     reports.writer(ctx._alias).last_write = time.monotonic() + 3600

@@ -124,7 +124,7 @@ def report_then_fail(steps: int) -> None:
     """Reports ``steps`` steps of 4 with the progress writer's rounds held off, then fails: only
     the attempt's end writes its last report."""
     from django_rws_jobs import current_job
-    from django_rws_jobs.queue import reports
+    from django_rws_jobs.running import reports
 
     ctx = current_job()
     reports.writer(ctx._alias).last_write = time.monotonic() + 3600

@@ -257,7 +257,8 @@ class BaseBackend(Statements):
         insert_multirow(c, rows, batch_size, self.features.max_query_params)
 
     def insert_members(self, c: Any, batch_id: str, job_ids: Sequence[str], watched: bool) -> None:
-        """A batch's member rows (queue/members.py), ``members_per_insert()`` a statement through ``c``."""
+        """A batch's member rows (workflows/members.py), ``members_per_insert()`` a statement
+        through ``c``."""
         size = self.members_per_insert()
         for start in range(0, len(job_ids), size):
             part = job_ids[start : start + size]

@@ -27,16 +27,16 @@ class Claimed:
     timeout: float | None
     concurrency_key: str | None
     # Set when a cancel was asked while the job ran before and it came back to the queue without
-    # it being carried out (the Rust crate's retry or its start-up reset): runner.asked_to_cancel.
+    # it being carried out (the Rust crate's retry or its start-up reset): outcomes.asked_to_cancel.
     cancel_requested_at: int | None
     token: str
     # Not claim columns: the deletion of a finished job returns them (delete_finished), so a
     # claim costs nothing more for them. The batch this job is a member of, or whose callback it
-    # is (queue/batches.py); whether a job waits for this one (queue/dependencies.py).
+    # is (api/batches.py); whether a job waits for this one (workflows/dependencies.py).
     batch_id: str | None = None
     has_dependents: bool | None = None
     # Not a field (no annotation): the JobContext of this attempt, made by the first
-    # current_job() (queue/context.py), so every call in the attempt sees the same one.
+    # current_job() (running/context.py), so every call in the attempt sees the same one.
     context = cast(Any, None)
 
     @classmethod

@@ -21,7 +21,7 @@ from .cursors import PLACEHOLDER, DriverCursor
 from .inserts import COPY_SQL
 from .statements import BAND_ORDER_ASC, CLAIM_SET, Sql, band_order_key, placeholders, queue_filter
 
-#: A batch's member rows, streamed (queue/members.py).
+#: A batch's member rows, streamed (workflows/members.py).
 MEMBERS_COPY_SQL = "COPY rws_batch_members (job_id, batch_id) FROM STDIN"
 
 #: The SQLSTATE of a statement stopped by statement_timeout.

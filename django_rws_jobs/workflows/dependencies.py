@@ -51,7 +51,8 @@ from ..database.backends.statements import placeholders
 from ..database.validation import show
 from ..database.validation import text as _text
 from ..flow.concurrency_keys import promote
-from . import ids
+from ..queue import ids
+from ..queue.store import Store
 from .members import open_batch
 
 if TYPE_CHECKING:
@@ -394,7 +395,6 @@ def recheck(
     find the outcome of whatever ended meanwhile and resolve the jobs (see the module's
     invariants); ``on_cancelled`` hears of ``cancelled`` (what the enqueue cancelled) and of what
     this cancels."""
-    from .store import Store
 
     try:
         store = Store(connections[alias])

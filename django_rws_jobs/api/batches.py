@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
 from django.db import connections, transaction
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 
 from ..database import clock
 from ..database.connections import queue_alias
@@ -31,10 +31,14 @@ from ..database.validation import show
 from ..database.validation import text as _text
 from ..exceptions import cancel_message
 from ..models import BatchMember, BatchRecord, BatchState, Job
-from . import ids, outputs
-from .batch_outcomes import FAIL_FAST_BY, after_cancel, cancel_outstanding, try_finish
-from .members import BatchClosed, open_batch
-from .metadata import metadata_text
+from ..queue import ids, middleware
+from ..queue.metadata import metadata_text
+from ..queue.store import Store
+from ..workflows import outputs
+from ..workflows.batch_outcomes import FAIL_FAST_BY, after_cancel, cancel_outstanding, try_finish
+from ..workflows.members import BatchClosed, open_batch
+from .dead_letters import retry, retry_many
+from .enqueue import check_items, enqueue, enqueue_items, prepare
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -63,7 +67,6 @@ def call(target: Any, *args: Any, **options: Any) -> Call:
     and enqueue options (``call("reports.build", "7", queue="reports")``), or a ``django.tasks``
     task with its arguments (``call(build_report, import_id=7)``). Checked now, as ``enqueue``
     checks; enqueued when the batch finishes."""
-    from .api import prepare
 
     if isinstance(target, str):
         if len(args) > 1:
@@ -158,7 +161,6 @@ class batch:  # noqa: N801  (a context manager used as a function: ``with batch(
 
     def enqueue(self, job_type: str, payload: str = "", **options: Any) -> str:
         """``enqueue`` into this batch (inside its block)."""
-        from .api import enqueue
 
         self._inside()
         options.setdefault("using", self.alias)
@@ -168,8 +170,6 @@ class batch:  # noqa: N801  (a context manager used as a function: ``with batch(
         """``enqueue_many`` into this batch (inside its block): the rows stream to the database
         in one transaction, ``batch_size`` a statement, and only their ids are held, so that a
         generator of any length takes memory for its ids alone; the ids in order."""
-        from . import middleware
-        from .api import check_items, enqueue_items
 
         self._inside()
         check_items(jobs)
@@ -180,7 +180,6 @@ class batch:  # noqa: N801  (a context manager used as a function: ``with batch(
 
 
 def _finish_now(alias: str, batch_id: str) -> None:
-    from .store import Store
 
     try_finish(Store(connections[alias]), batch_id, int(clock.now(alias)), check_fail_fast=True)
 
@@ -189,7 +188,6 @@ def _cancel(alias: str, batch_id: str, error: str, by: str | None = None) -> boo
     """Cancel the batch and its members that have not ended (blocked ones too); once that
     commits, resolve what waits for them and for the batch, and send job_cancelled for each
     (tests/test_batches.py::test_a_cancel_also_cancels_blocked_members)."""
-    from .store import Store
 
     now = int(clock.now(alias))
     cancelled: list[str] = []
@@ -208,7 +206,6 @@ def _cancel(alias: str, batch_id: str, error: str, by: str | None = None) -> boo
 
 def _after_cancel(alias: str, batch_id: str, cancelled: list[str], now: int) -> None:
     """The cancel committed: a failure here is logged and left to the workers' sweeps."""
-    from .store import Store
 
     try:
         after_cancel(Store(connections[alias]), batch_id, cancelled, now)
@@ -255,7 +252,6 @@ class Batch:
         its fail_fast cancelled; the batch finishes again once they end (``on_success`` then, if
         they all succeed). Returns how many were put back
         (tests/test_batches.py::test_retry_failed_on_a_fail_fast_batch_puts_back_what_it_cancelled)."""
-        from .dead_letters import retry, retry_many
 
         members = BatchMember.objects.using(self.using).filter(batch_id=self.id)
         # One commit for all: a member put back cannot end the batch before its siblings are back.
@@ -337,7 +333,6 @@ def get_batch(batch_id: str, *, using: str | None = None) -> Batch | None:
 
 
 def _count() -> Any:
-    from django.db.models import Count
 
     return Count("job_id")
 

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
 from ..conf import jobs_settings
-from ..database import clock
+from ..database import clock, wakeup
 from ..database.backends import backend_for
 from ..database.backends.cursors import kept_cursor
 from ..database.backends.inserts import INSERT_SQL
@@ -32,12 +32,15 @@ from ..database.validation import integer as _int
 from ..database.validation import only_known as _only_known
 from ..database.validation import text as _text
 from ..database.validation import timeout as _timeout
+from ..flow.concurrency_keys import promote
 from ..models import Job, Status
-from . import dependencies, ids, middleware
-from .batch_outcomes import cancel_if_failing, cancelled_by_dependencies
-from .members import join, open_batch
-from .metadata import metadata_text
-from .registry import registry
+from ..queue import ids, middleware
+from ..queue.metadata import metadata_text
+from ..queue.registry import registry
+from ..queue.store import Store
+from ..workflows import dependencies
+from ..workflows.batch_outcomes import cancel_if_failing, cancelled_by_dependencies
+from ..workflows.members import join, open_batch
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -270,8 +273,6 @@ def _promote_at_commit(alias: str, key: str) -> None:
     failure is logged: the sweep promotes it later."""
 
     def promote_key() -> None:
-        from ..flow.concurrency_keys import promote
-        from .store import Store
 
         try:
             promote(Store(connections[alias]), [key], int(clock.now(alias)))
@@ -292,7 +293,6 @@ def _insert(conn: Any, params: list[Any]) -> None:
 
 
 def _wake_local_workers(alias: str) -> None:
-    from ..database import wakeup
 
     if wakeup.listeners:  # a worker runs in this process: wake it when the job commits
         transaction.on_commit(wakeup.notify, using=alias)

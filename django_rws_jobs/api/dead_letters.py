@@ -16,10 +16,10 @@ from ..database.validation import INT64_MAX, show
 from ..database.validation import integer as _int
 from ..database.validation import job_id as _job_id
 from ..models import Job, Status
-from . import dependencies
-from .api import unique_hash
-from .batch_outcomes import cancelled_by_dependencies, record_deleted, reopen_members
-from .store import Store
+from ..queue.store import Store
+from ..workflows import dependencies
+from ..workflows.batch_outcomes import cancelled_by_dependencies, record_deleted, reopen_members
+from .enqueue import unique_hash
 
 #: The statuses retry() takes back: the dead-letter list and cancelled jobs.
 ENDED = (Status.FAILED, Status.CANCELLED)

@@ -15,15 +15,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from ..database import clock
+from ..database.backends.claimed import Claimed
 from ..database.connections import queue_alias
 from ..database.validation import job_id as _job_id
 from ..database.validation import text as _text
 from ..exceptions import cancel_message
+from ..flow.concurrency_keys import promote
 from ..models import Job, Status
+from ..queue.store import Store
 from ..signals import send_cancelled
+from ..workflows.batch_outcomes import settle
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -79,11 +83,6 @@ def _after_cancel(job: Job, freed_key: str | None, alias: str) -> None:
     and cancel() still returns True and sends the signal
     (tests/test_cancel.py::test_a_cancel_whose_promotion_fails_still_returns_true_and_signals)."""
     if freed_key is not None:
-        from django.db import connections
-
-        from ..flow.concurrency_keys import promote
-        from .store import Store
-
         try:
             promote(Store(connections[alias]), [freed_key], int(clock.now(alias)))
         except Exception:
@@ -102,11 +101,6 @@ def _settle(job: Job, alias: str) -> None:
     """A job cancelled before it ran: what waits for it, its batch member row and its batch's
     finish; one that fails is logged and left to the workers' sweeps (batch_outcomes.py,
     dependencies.py)."""
-    from django.db import connections
-
-    from ..database.backends.claimed import Claimed
-    from .batch_outcomes import settle
-    from .store import Store
 
     try:
         settle(

@@ -1,10 +1,16 @@
 """What a running job knows about itself: ``current_job()``.
 
-The runner sets a context variable to the job while its handler runs (``runner.execute``: the
-thread pool, the process pool's child, ``tick()``, and ``django.tasks`` tasks, whose rows the
-runner runs too); ``async def`` handlers see it because ``async_to_sync`` runs them in a copy of
+``attempts/run.py``'s ``execute`` sets a context variable to the job while its handler runs (the
+thread pool, the process pool's child, ``tick()``, and ``django.tasks`` tasks, whose rows it
+runs too); ``async def`` handlers see it because ``async_to_sync`` runs them in a copy of
 the calling context. Outside a handler it is None. Invariant: a handler sees its own job, never
 another's, whichever thread or process runs it (tests/test_current_job.py).
+
+This module is imported with the package (``current_job`` and ``JobContext`` are public), before
+Django's app registry is ready: the modules that load the models (reports.py, the database
+part's backends, clock and connections, batches, outputs) are imported on call, each marked
+"(loads the models)" (tests/test_imports.py
+test_the_package_imports_before_the_app_registry_is_ready).
 """
 
 from __future__ import annotations
@@ -17,11 +23,17 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import connections
 
+from ..conf import jobs_settings
+from ..database.validation import json_without_nul, show, text
+from ..database.validation import text as _text
+from ..queue.metadata import metadata_text
+
 if TYPE_CHECKING:
+    from ..api.batches import Batch
     from ..database.backends.claimed import Claimed
-    from .batches import Batch
 
 #: The job whose handler runs in this context (the claim as the worker holds it).
 running: ContextVar[Claimed | None] = ContextVar("rws_running_job", default=None)
@@ -105,7 +117,7 @@ class JobContext:
         batch_id = self.batch_id
         if batch_id is None:
             return None
-        from .batches import get_batch
+        from ..api.batches import get_batch  # (loads the models)
 
         return self._off_the_loop("batch", lambda: get_batch(batch_id, using=self._alias))
 
@@ -148,7 +160,7 @@ class JobContext:
         _ = self.metadata
 
     def _read_batch(self) -> tuple[str | None, str | None] | None:
-        from ..models import Job
+        from ..models import Job  # (loads the models)
 
         return (
             Job.objects.using(self._alias).filter(id=self.id).values_list("batch_id", "batch_event").first()
@@ -203,12 +215,12 @@ class JobContext:
             self._write_inline()
         elif not self._queued:
             self._queued = True
-            from .reports import writer
+            from .reports import writer  # (loads the models)
 
             writer(self._alias).queue(self)
 
     def _write_inline(self) -> None:
-        from .reports import PROGRESS_SQL, direct, progress_text
+        from .reports import PROGRESS_SQL, direct, progress_text  # (loads the models)
 
         report = self._progress
         assert report is not None
@@ -220,7 +232,6 @@ class JobContext:
         and wait for the write. True if written; False if this attempt no longer holds its claim
         (its lease was taken over) or the write failed. TypeError or ValueError, writing nothing,
         for metadata that is not JSON or is over METADATA_MAX_BYTES."""
-        from .metadata import metadata_text
 
         text = metadata_text(self.metadata)
         if self._inline is None:
@@ -229,7 +240,7 @@ class JobContext:
         if self._inline or in_transaction:
             if _on_the_loop():
                 raise self._seen_by_its_thread_only("save_metadata()", "await asave_metadata()")
-            from .reports import SAVE_SQL, direct, progress_text
+            from .reports import SAVE_SQL, direct, progress_text  # (loads the models)
 
             report = self._progress
             params = [
@@ -243,7 +254,7 @@ class JobContext:
             if applied:
                 self._written = report
         else:
-            from .reports import writer
+            from .reports import writer  # (loads the models)
 
             applied = writer(self._alias).save(self, text)
         if applied and not in_transaction:  # (a rolled back save is made again at the attempt's end)
@@ -254,7 +265,6 @@ class JobContext:
         """``save_metadata()`` for an ``async def`` handler: the wait runs in the handler's thread
         (``sync_to_async``), not on its event loop (``save_metadata()`` called there waits on the
         loop)."""
-        from asgiref.sync import sync_to_async
 
         return bool(await sync_to_async(self.save_metadata)())
 
@@ -265,13 +275,11 @@ class JobContext:
         with it)."""
         self._ended = True
         if self._queued:
-            from .reports import writer
+            from .reports import writer  # (loads the models)
 
             writer(self._alias).forget(self)
         changed = False
         if self._metadata is not None:
-            from .metadata import metadata_text
-
             text = metadata_text(self._metadata)
             changed = text != self._saved and not (text == "{}" and self._saved is None)
         if changed:
@@ -283,7 +291,7 @@ class JobContext:
             # now (the save waits for that round). The failure is recorded after this write, so
             # the fence still holds (tests/test_reports.py
             # test_a_failed_attempts_last_progress_stays_when_the_writer_takes_it_at_the_end).
-            from .reports import writer
+            from .reports import writer  # (loads the models)
 
             writer(self._alias).save(self, None, metadata=False)
 
@@ -295,7 +303,7 @@ class JobContext:
         a batch member (a callback is not one) or whose claim this attempt no longer holds
         (tests/test_batches.py::test_record_keeps_a_members_last_output)."""
         text = output_text(value)
-        from .outputs import keep
+        from ..workflows.outputs import keep  # (loads the models)
 
         return self._off_the_loop("record()", lambda: keep(self._alias, self._claim, text), "await arecord()")
 
@@ -303,7 +311,6 @@ class JobContext:
         """``record()`` for an ``async def`` handler: written in the handler's thread
         (``sync_to_async``), through the connection its ``sync_to_async`` database calls use
         (``record()`` called on the event loop writes through a connection of its own)."""
-        from asgiref.sync import sync_to_async
 
         return bool(await sync_to_async(self.record)(value))
 
@@ -345,7 +352,6 @@ def _dumps(value: Any) -> str:
 def _check_number(name: str, value: Any) -> None:
     if value is None and name == "total":
         return
-    from ..database.validation import show
 
     if type(value) is bool or not isinstance(value, (int, float)):
         raise TypeError(f"progress(): {name} must be a number, got {type(value).__name__} {show(value)}")
@@ -359,14 +365,13 @@ def _check_number(name: str, value: Any) -> None:
 
 
 def _check_message(message: Any) -> None:
-    from ..database.validation import text
 
     text("progress()'s message", message, limit=MESSAGE_MAX, empty=True)
 
 
 def _in_memory(alias: str) -> bool:
     """An in-memory SQLite database: no other connection sees it."""
-    from ..database.backends import backend_for  # loads the models: not before the app registry
+    from ..database.backends import backend_for  # (loads the models)
 
     return backend_for(connections[alias]).is_in_memory()
 
@@ -376,22 +381,19 @@ def _holds_sqlite_write_lock(alias: str) -> bool:
     transactions are IMMEDIATE): another connection's write would wait for it, so a save made now
     goes through this transaction and is seen when it commits
     (tests/test_reports.py::test_on_sqlite_a_save_inside_a_transaction_is_written_with_it)."""
-    from ..database.backends import backend_for  # loads the models: not before the app registry
+    from ..database.backends import backend_for  # (loads the models)
 
     return backend_for(connections[alias]).holds_write_lock()
 
 
 def _now(alias: str) -> float:
-    from ..database import clock
+    from ..database import clock  # (loads the models)
 
     return clock.now(alias)
 
 
 def output_text(value: Any) -> str:
     """``value`` as the JSON text ``record`` keeps, within OUTPUT_MAX_BYTES."""
-    from ..conf import jobs_settings
-    from ..database.validation import json_without_nul, show
-    from ..database.validation import text as _text
 
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
@@ -410,7 +412,7 @@ def _alias() -> Any:
     alias = serving.get()
     if alias is not None:
         return alias
-    from ..database.connections import queue_alias
+    from ..database.connections import queue_alias  # (loads the models)
 
     return queue_alias(None)
 

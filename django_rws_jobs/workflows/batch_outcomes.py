@@ -41,8 +41,9 @@ from ..database.backends.statements import placeholders
 from ..database.connections import is_transient
 from ..flow.concurrency_keys import promote
 from ..models import Job
+from ..queue import ids
 from ..signals import send_cancelled
-from . import dependencies, ids
+from . import dependencies
 
 logger = logging.getLogger("django_rws_jobs")
 

@@ -14,10 +14,11 @@ from django.db import transaction
 from ..database import clock
 from ..database.connections import queue_alias
 from ..database.validation import show
-from . import dependencies, middleware
-from .api import _dependencies, insert_prepared
-from .batch_outcomes import ROW_METADATA, fresh_row
+from ..queue import middleware
+from ..workflows import dependencies
+from ..workflows.batch_outcomes import ROW_METADATA, fresh_row
 from .batches import Call
+from .enqueue import _dependencies, insert_prepared
 
 
 def chain(*steps: Any, on_dependency_failure: str = "cancel", using: str | None = None) -> list[str]:

@@ -26,17 +26,15 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.db import DatabaseError, connections
 
 from ..database import clock
-from ..database.connections import private_connection, write_lock
+from ..database.connections import private_connection, queue_alias, write_lock
 from ..database.deadline import watch
-from .progress import Progress, parse_progress
-
-if TYPE_CHECKING:
-    from .context import JobContext
+from ..database.validation import job_id as _job_id
+from ..queue.progress import Progress, parse_progress
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -61,8 +59,6 @@ def progress_text(report: tuple[Any, Any, Any]) -> str:
 
 def get_progress(job_id: Any, *, using: str | None = None) -> Progress | None:
     """The job's last written progress, or None."""
-    from ..database.connections import queue_alias
-    from ..database.validation import job_id as _job_id
 
     alias = queue_alias(using)
     job_id = _job_id(job_id)
@@ -74,12 +70,22 @@ def get_progress(job_id: Any, *, using: str | None = None) -> Progress | None:
     return parse_progress(row[0], row[1])
 
 
+class Reporting(Protocol):
+    """What the writer reads and writes of a running job's context (context.JobContext)."""
+
+    id: str
+    _token: str
+    _progress: tuple[Any, Any, Any] | None  # the latest report
+    _queued: bool  # the report waits in the writer
+    _written: tuple[Any, Any, Any] | None  # the report the writer last wrote
+
+
 @dataclass
 class Save:
     """A ``save_metadata()`` waiting for its write; with ``metadata`` False, a write of the latest
     progress alone (a failed attempt's, at its end)."""
 
-    job: JobContext
+    job: Reporting
     text: str | None
     metadata: bool = True
     done: threading.Event = field(default_factory=threading.Event)
@@ -93,7 +99,7 @@ class Writer:
     def __init__(self, alias: str):
         self.alias = alias
         self.lock = threading.Lock()
-        self.queued: dict[int, JobContext] = {}  # id(job): a job with a progress to write
+        self.queued: dict[int, Reporting] = {}  # id(job): a job with a progress to write
         self.saves: list[Save] = []
         self.wake = threading.Event()  # something to write
         self.urgent = threading.Event()  # a save waits: write now
@@ -102,20 +108,20 @@ class Writer:
         self.deadline = watch()  # the statement deadline of the writer's connection
         self.last_write = 0.0
 
-    def queue(self, job: JobContext) -> None:
+    def queue(self, job: Reporting) -> None:
         """Write ``job``'s progress at the next round (``job._queued`` is set by the caller)."""
         with self.lock:
             self.queued[id(job)] = job
             self._start()
         self.wake.set()
 
-    def forget(self, job: JobContext) -> None:
+    def forget(self, job: Reporting) -> None:
         """Drop ``job``'s unwritten progress: its attempt has ended."""
         with self.lock:
             self.queued.pop(id(job), None)
         job._queued = False
 
-    def save(self, job: JobContext, text: str | None, metadata: bool = True) -> bool:
+    def save(self, job: Reporting, text: str | None, metadata: bool = True) -> bool:
         """Write ``job``'s metadata (``text``) and its latest progress now, or with ``metadata``
         False its latest progress alone; whether its claim held."""
         request = Save(job, text, metadata)
@@ -161,7 +167,7 @@ class Writer:
                 for request in saves:
                     request.done.set()
 
-    def _write(self, jobs: list[JobContext], saves: list[Save]) -> None:
+    def _write(self, jobs: list[Reporting], saves: list[Save]) -> None:
         at = clock.now(self.alias)
         saved = {id(s.job) for s in saves}
         for request in saves:
@@ -209,7 +215,7 @@ class Writer:
                 pass
 
 
-def save_params(job: JobContext, text: str | None, at: float) -> list[Any]:
+def save_params(job: Reporting, text: str | None, at: float) -> list[Any]:
     report = job._progress
     if report is None:
         return [text, None, None, job.id, job._token]
