@@ -296,7 +296,7 @@ CUTS = {
         b"UPDATE rws_batches SET state = 'finished'", b"", "default", a_batch, (("record", "callback"),)
     ),
     # What waits for a job that succeeded: the dependency's outcome written, then the job that
-    # waits released (dependencies.ended; two statements, no transaction): the other worker's
+    # waits released (dependency_outcomes.ended; two statements, no transaction): the other worker's
     # sweep releases it.
     "dependency release": Cut(
         (b"UPDATE rws_job_dependencies", b"SET outcome = "),

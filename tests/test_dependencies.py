@@ -13,7 +13,7 @@ from django_rws_jobs.api.dead_letters import retry_many
 from django_rws_jobs.database.connections import private_connection
 from django_rws_jobs.models import Dependency, Job
 from django_rws_jobs.queue.store import Store
-from django_rws_jobs.workflows import batch_outcomes, dependencies
+from django_rws_jobs.workflows import batch_outcomes, dependency_outcomes
 from tests.conftest import drain
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -256,7 +256,7 @@ def test_the_rows_of_jobs_that_are_gone_are_pruned(monkeypatch):
     drain()
     assert status(dead_too) == "failed" and Dependency.objects.count() == 3 * 2 + 2
     store = Store(connections["default"])
-    monkeypatch.setattr(dependencies, "PRUNE_JOBS", 2)
+    monkeypatch.setattr(dependency_outcomes, "PRUNE_JOBS", 2)
     keeper = SimpleNamespace(shared=SimpleNamespace(alias="default"), prune_edges_after="")
     passes = 0
     while True:
@@ -289,7 +289,7 @@ def test_deleting_a_dependency_that_did_not_succeed_is_its_failure():
     waits_too = rws.enqueue("test.record", "w2", after=[dead_too], on_dependency_failure="wait")
     Job.objects.filter(id=dead_too).delete()
     assert status(waits_too) == "blocked"
-    dependencies.sweep(Store(connections["default"]), 0)
+    dependency_outcomes.sweep(Store(connections["default"]), 0)
     assert status(waits_too) == "cancelled"
 
 
@@ -334,9 +334,9 @@ def test_an_end_nobody_recorded_is_found_by_the_recheck_and_the_sweep():
     b = rws.enqueue("test.record", "b", after=[a1])
     c = rws.enqueue("test.record", "c", after=[a2])
     Job.objects.filter(id__in=[a1, a2]).delete()  # they succeeded; the worker died before resolving
-    dependencies.recheck("default", [b])
+    dependency_outcomes.recheck("default", [b])
     assert (status(b), status(c)) == ("pending", "blocked")
-    assert dependencies.sweep(Store(connections["default"]), 0) >= 1
+    assert dependency_outcomes.sweep(Store(connections["default"]), 0) >= 1
     assert status(c) == "pending"
 
 

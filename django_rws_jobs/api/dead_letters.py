@@ -17,7 +17,7 @@ from ..database.validation import integer as _int
 from ..database.validation import job_id as _job_id
 from ..models import Job, Status
 from ..queue.store import Store
-from ..workflows import dependencies
+from ..workflows import dependency_outcomes
 from ..workflows.batch_outcomes import cancelled_by_dependencies, record_deleted, reopen_members
 from .enqueue import unique_hash
 
@@ -38,7 +38,7 @@ def back_in_queue() -> Case:
 def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
     """Put a failed or cancelled job back, due now with attempts reset; one enqueued with
     ``after`` goes back to blocked and is decided again from what it waits for now
-    (dependencies.rewait). False if there is no failed or cancelled job ``job_id``, or if a
+    (dependency_outcomes.rewait). False if there is no failed or cancelled job ``job_id``, or if a
     pending or running job already holds its unique key."""
     job_id = _job_id(job_id)
     alias = queue_alias(using)
@@ -73,9 +73,9 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
             if changed:
                 store = Store(connections[alias])
                 reopen_members(store, [job_id])
-                dependencies.reopen(store, [job_id])
+                dependency_outcomes.reopen(store, [job_id])
                 # One that waits for something is decided again (and what that cancels, recorded).
-                dependencies.rewait(store, [job_id], cancelled_by_dependencies)
+                dependency_outcomes.rewait(store, [job_id], cancelled_by_dependencies)
         except IntegrityError:
             return False
     return changed == 1
@@ -83,7 +83,7 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
 
 def delete(job_id: str, *, using: str | None = None) -> bool:
     """Delete a job that is not running. False when there is no such job. What waits for it
-    has a failure (dependencies.deleted); a batch member deleted before it ended counts as
+    has a failure (dependency_outcomes.deleted); a batch member deleted before it ended counts as
     cancelled in its batch (batch_outcomes.record_deleted)."""
     job_id = _job_id(job_id)
     alias = queue_alias(using)
@@ -92,7 +92,7 @@ def delete(job_id: str, *, using: str | None = None) -> bool:
     with transaction.atomic(using=alias):
         done = delete_where(_by_id(alias, job_id).exclude(status=Status.RUNNING)) > 0
         if done:
-            dependencies.deleted(store, [job_id], cancelled)
+            dependency_outcomes.deleted(store, [job_id], cancelled)
             record_deleted(store, [job_id])
     if cancelled:  # (committed: no transaction surrounds the call, or on_commit waits for it)
         transaction.on_commit(lambda: cancelled_by_dependencies(store, cancelled), using=alias)
@@ -101,12 +101,12 @@ def delete(job_id: str, *, using: str | None = None) -> bool:
 
 def after_delete(alias: str, job_ids: list[str]) -> None:
     """Jobs ``job_ids`` were deleted just now (the admin's deletes, by ``delete_where``): what
-    waits for them has a failure (dependencies.deleted), and what that cancels is recorded in
+    waits for them has a failure (dependency_outcomes.deleted), and what that cancels is recorded in
     its batches and signalled (batch_outcomes.cancelled_by_dependencies)."""
     if job_ids:
         store = Store(connections[alias])
         cancelled: list[str] = []
-        dependencies.deleted(store, job_ids, cancelled)
+        dependency_outcomes.deleted(store, job_ids, cancelled)
         if cancelled:
             cancelled_by_dependencies(store, cancelled)
 
@@ -223,8 +223,8 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
                 )
                 store = Store(connections[alias])
                 reopen_members(store, retried)
-                dependencies.reopen(store, retried)
-                dependencies.rewait(store, retried, cancelled_by_dependencies)
+                dependency_outcomes.reopen(store, retried)
+                dependency_outcomes.rewait(store, retried, cancelled_by_dependencies)
         except IntegrityError:
             # A key was taken since the look above (an enqueue that committed meanwhile): one by
             # one, as retry() does, which tells which.

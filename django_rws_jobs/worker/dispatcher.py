@@ -15,7 +15,7 @@ from ..flow.limited_claims import claim_limited_queues
 from ..flow.pauses import NONE_UNPAUSED, QueueFilter
 from ..queue.ids import claim_token
 from ..queue.store import Claimed, Store
-from ..workflows.dependencies import release_in_claim
+from ..workflows.dependency_outcomes import release_in_claim
 from .completer import settle_batches
 from .reconnect import Connection, Retry
 from .shared import Shared, outcomes

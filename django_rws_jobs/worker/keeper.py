@@ -20,7 +20,7 @@ from ..operations import metrics
 from ..operations.worker_rows import Registration, forget_dead, heartbeat_interval
 from ..queue.store import Claimed
 from ..tasks.prune import prune_expired
-from ..workflows import batch_outcomes, dependencies
+from ..workflows import batch_outcomes, dependency_outcomes
 from .reconnect import Connection, Retry
 from .shared import Shared
 
@@ -53,7 +53,7 @@ class LeaseKeeper:
         self.warned_offset: float | None = None  # see clock.warn_if_off
         self.lease_ends: dict[str, int] = {}  # claim token -> its lease's end, as last renewed
         self.lapsed: set[tuple[str, str]] = set()  # (token, job id) whose lapse was logged
-        self.prune_edges_after = ""  # where the next pass of dependencies.prune starts
+        self.prune_edges_after = ""  # where the next pass of dependency_outcomes.prune starts
 
     def loop(self) -> None:
         try:
@@ -104,7 +104,7 @@ class LeaseKeeper:
         batch_retention = float(jobs_settings.BATCH_RETENTION)
 
         def prune_edges() -> None:
-            self.prune_edges_after = dependencies.prune(store, self.prune_edges_after)
+            self.prune_edges_after = dependency_outcomes.prune(store, self.prune_edges_after)
 
         steps: list[tuple[str, Callable[[], object]]] = [
             ("deleting dead workers' rows", lambda: forget_dead(store, now)),

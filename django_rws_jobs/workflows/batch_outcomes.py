@@ -43,7 +43,7 @@ from ..flow.concurrency_keys import promote
 from ..models import Job
 from ..queue import ids
 from ..signals import send_cancelled
-from . import dependencies
+from . import dependency_outcomes
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -155,9 +155,9 @@ def _settle_dependents(store: Any, ended: list[tuple[Claimed, str]], cascade: li
     failed = [job.id for job, result in ended if result in ("dead", "cancelled")]
     resolved = 0
     if succeeded:
-        resolved += dependencies.ended(store, succeeded, "succeeded", cascade)
+        resolved += dependency_outcomes.ended(store, succeeded, "succeeded", cascade)
     if failed:
-        resolved += dependencies.ended(store, failed, "failed", cascade)
+        resolved += dependency_outcomes.ended(store, failed, "failed", cascade)
     return resolved
 
 
@@ -175,7 +175,7 @@ def cancelled_by_batch(store: Any, job_ids: list[str], now: int) -> int:
     cascade: list[str] = []
     resolved = 0
     if job_ids:
-        resolved = dependencies.ended(store, job_ids, "failed", cascade)
+        resolved = dependency_outcomes.ended(store, job_ids, "failed", cascade)
     if cascade:
         resolved += record_members(store, (), (), cascade, now)
     send_cancelled_signals(store, [*job_ids, *cascade])
@@ -183,10 +183,10 @@ def cancelled_by_batch(store: Any, job_ids: list[str], now: int) -> int:
 
 
 def sweep_dependencies(store: Any, now: int) -> int:
-    """The keeper's ``dependencies.sweep``, with what it cancels recorded in their batches and
+    """The keeper's ``dependency_outcomes.sweep``, with what it cancels recorded in their batches and
     signalled (tests/test_batches.py::test_what_the_dependency_sweep_cancels_finishes_its_batch)."""
     cancelled: list[str] = []
-    changed = dependencies.sweep(store, now, cancelled=cancelled)
+    changed = dependency_outcomes.sweep(store, now, cancelled=cancelled)
     if cancelled:
         cancelled_by_dependencies(store, cancelled)
     return changed
@@ -292,7 +292,7 @@ def try_finish(
             c.execute(INSERT_SQL, params)
     logger.info("batch %s finished: %s; %d callback(s) enqueued", batch_id, outcome, len(rows))
     cascade: list[str] = []
-    dependencies.ended(store, [batch_id], outcome, cascade)
+    dependency_outcomes.ended(store, [batch_id], outcome, cascade)
     if cascade:
         cancelled_by_dependencies(store, cascade)
     keys = [params[ROW_KEY] for params in rows if params[ROW_KEY] is not None]
@@ -306,7 +306,7 @@ def after_cancel(store: Any, batch_id: str, job_ids: list[str], now: int) -> Non
     for the batch (it failed) is resolved, and job_cancelled sent for all that cancelled."""
     cancelled_by_batch(store, job_ids, now)
     cascade: list[str] = []
-    dependencies.ended(store, [batch_id], "failed", cascade)
+    dependency_outcomes.ended(store, [batch_id], "failed", cascade)
     if cascade:
         cancelled_by_dependencies(store, cascade)
 
@@ -493,7 +493,7 @@ def reopen_members(store: Any, job_ids: Sequence[str]) -> int:
                     f"AND id IN ({placeholders(len(batch_ids))})",
                     batch_ids,
                 )
-                dependencies.reopen(store, batch_ids)
+                dependency_outcomes.reopen(store, batch_ids)
             c.execute(
                 f"UPDATE rws_batch_members SET outcome = NULL WHERE job_id IN ({placeholders(len(part))}) "
                 "AND outcome IS NOT NULL",

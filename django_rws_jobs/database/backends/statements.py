@@ -188,7 +188,7 @@ class Statements:
         """Appended to a table's name in a write that names its rows by primary key, where the
         planner could walk another index instead: a write that walks an index meets the rows
         other transactions inserted and have not committed, and MariaDB waits for them
-        (dependencies.ended)."""
+        (dependency_outcomes.ended)."""
         return ""
 
     def claim_queue_filter(self, queues: Sequence[str] | None) -> Sql:
