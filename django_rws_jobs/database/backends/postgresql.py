@@ -284,10 +284,8 @@ def _literal(value: Any) -> str | None:
     return None
 
 
-#: Two claims from the band's start in a row slower than this (seconds) read dead entries they
-#: could not skip: the claims of the next RESUMING_FOR seconds resume after their last row
-#: (PostgreSQLBackend.claim). One alone may have been a new connection's first, or a wait for the
-#: CPU or the GIL.
+#: A claim from the band's start slower than this (seconds) read dead entries it could not skip:
+#: the claims of the next RESUMING_FOR seconds resume after their last row (PostgreSQLBackend.claim).
 SLOW_CLAIM = 0.002
 RESUMING_FOR = 30.0
 #: Seconds of due times a resumed claim that comes back short looks back before its point: the
@@ -393,16 +391,16 @@ class PostgreSQLBackend(BaseBackend):
         probe_first: bool = False,
     ) -> list[Claimed]:
         """While an old snapshot keeps the claimed rows' dead versions, a claim from the band's
-        start visits every one of them, and so do the idle worker's probe and the band walk.
-        Once two claims from the start in a row took longer than SLOW_CLAIM, the claims of the
-        next RESUMING_FOR seconds start at the Store's resume point instead: one statement takes
-        the due jobs after it, and, if they are too few, those of the LOOK_BACK seconds before it
-        (resumed_select). A claim that comes back short then looks only at the bands below the
-        point's, unless a band above it holds a pending job: then it claims from the top. Jobs
-        further behind the point are taken by the next claim from the band's start, when the
-        point expires (keep_point; tests/test_tick.py, the tests of the resumed claim). Without
-        dead entries to skip, a claim from the start costs no more, and resuming would only
-        cost the worker's CPU (test_a_postgresql_claim_resumes_after_two_slow_ones_only)."""
+        start visits every one of them, and so do the idle worker's probe and the band walk. Once a
+        claim took longer than SLOW_CLAIM, the claims of the next RESUMING_FOR seconds start at the
+        Store's resume point instead: one statement takes the due jobs after it, and, if they are
+        too few, those of the LOOK_BACK seconds before it (resumed_select). A claim that comes back
+        short then looks only at the bands below the point's, unless a band above it holds a pending
+        job: then it claims from the top. Jobs further behind the point are taken by the next claim
+        from the band's start, when the point expires (keep_point; tests/test_tick.py, the tests of
+        the resumed claim). Without dead entries to skip, a claim from the start costs no more, and
+        resuming would only cost the worker's CPU
+        (test_a_postgresql_claim_resumes_after_a_slow_one_only)."""
         started = time.monotonic()
         point = self.resume_point(store, queues)
         if point is None or limit < 1 or started >= store.resuming_until:
@@ -410,12 +408,15 @@ class PostgreSQLBackend(BaseBackend):
             rows = super().claim(store, token, now, lease_until, queues, limit, probe_first)
             ended = time.monotonic()
             if limit >= 1:
-                took = min(ended - started, store.start_claim_took)
-                store.start_claim_took = ended - started
+                took = ended - started
+                # The point is kept for the shorter of the last two such claims: one slow claim
+                # alone may be a new connection's first, or a wait for the CPU.
+                steady = min(took, store.start_claim_took)
+                store.start_claim_took = took
                 if took > SLOW_CLAIM:
                     store.resuming_until = ended + RESUMING_FOR
                 if ended < store.resuming_until:
-                    self.keep_point(store, rows, took)
+                    self.keep_point(store, rows, steady)
             return rows
         with store.writes, store.cursor() as c:
             select = self.resumed_select(queues, point, now, limit)
@@ -435,7 +436,9 @@ class PostgreSQLBackend(BaseBackend):
     def keep_point(self, store: Store, rows: list[Claimed], took: float) -> None:
         """After a claim from the top while resuming: the point moves past its rows (or stays
         where it was when it took none: nothing is due before it), and is kept MIN_RESUME_SECONDS,
-        or START_COST_FACTOR times the claim's duration, up to MAX_RESUME_SECONDS."""
+        or START_COST_FACTOR times ``took`` (the shorter of the last two such claims), up to
+        MAX_RESUME_SECONDS (tests/test_tick.py
+        test_a_postgresql_claim_resumes_after_a_slow_one_only)."""
         self.move_point(store, rows)
         if store.resume is not None:
             keep = min(max(MIN_RESUME_SECONDS, START_COST_FACTOR * took), MAX_RESUME_SECONDS)
