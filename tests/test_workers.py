@@ -65,8 +65,11 @@ def test_the_workers_page_shows_each_worker_its_state_and_its_jobs(admin_client)
     Registration("web-1:7:live", ["mail"], "processes", 2, 1.0).register(store, now)
     Registration("web-2:8:gone", None, "threads", 4, 1.0).register(store, now - 60)
     job_id = rws.enqueue("test.record", "x")
-    Registration("web-1:7:live", ["mail"], "processes", 2, 1.0).beat(store, now, [job_id], 5, 1)
+    Registration("web-1:7:live", ["mail"], "processes", 2, 1.0).beat(store, now, [job_id], 5, 1, 0.0123)
     page = admin_client.get(reverse("admin:django_rws_jobs_worker_changelist")).content.decode()
+    # Its claims' p99; the other's none yet.
+    assert '<td class="field-claims_p99">12.3 ms</td>' in page
+    assert '<td class="field-claims_p99">-</td>' in page
     assert "web-1:7:live" in page and "web-2:8:gone" in page
     assert page.count('class="rws-bad"') == 1 and ">dead<" in page  # the one without a heartbeat for 60 s
     assert reverse("admin:django_rws_jobs_job_change", args=[job_id]) in page

@@ -33,6 +33,7 @@ class WorkerAdmin(ReadOnlyAdminMixin, QueueDatabaseAdmin):
         "holds",
         "done",
         "failed",
+        "claims_p99",
     )
     list_filter = ("host",)
     search_fields = ("id", "host")
@@ -52,6 +53,7 @@ class WorkerAdmin(ReadOnlyAdminMixin, QueueDatabaseAdmin):
         "holds",
         "done",
         "failed",
+        "claims_p99",
     )
     readonly_fields = fields
 
@@ -86,6 +88,14 @@ class WorkerAdmin(ReadOnlyAdminMixin, QueueDatabaseAdmin):
     @admin.display(description=_("pool"))
     def capacity(self, obj: Worker) -> str:
         return f"{obj.executors} {obj.pool}"
+
+    @admin.display(description=_("claims' p99"), ordering="claim_p99")
+    def claims_p99(self, obj: Worker) -> str:
+        """Its claims' 99th percentile between its last two heartbeats, in milliseconds: what
+        rws_health --max-claim-p99 and the alert RwsJobsSlowClaims watch."""
+        if obj.claim_p99 is None:
+            return "-"
+        return f"{obj.claim_p99 * 1000:.1f} ms"
 
     @admin.display(description=_("holds"))
     def holds(self, obj: Worker) -> SafeString | str:
