@@ -217,7 +217,7 @@ def test_workers_page_and_cancelling_from_the_jobs_list(page, live_server):
     )
     Registration("web-1:4121:3f2a", ["reports", "mailers"], "processes", 4, 20.0).register(store, now - 3600)
     Registration("web-1:4121:3f2a", ["reports", "mailers"], "processes", 4, 20.0).beat(
-        store, now - 5, [held], 812, 3
+        store, now - 5, [held], 812, 3, 0.0018
     )
     Registration("web-2:977:b7c1", None, "threads", 8, 20.0).register(store, now - 7200)
     Registration("web-2:977:b7c1", None, "threads", 8, 20.0).beat(store, now - 600, [], 15022, 41)
@@ -228,6 +228,7 @@ def test_workers_page_and_cancelling_from_the_jobs_list(page, live_server):
     assert rows.count() == 2
     texts = {rows.nth(i).inner_text().split("\t")[0]: rows.nth(i).inner_text() for i in range(2)}
     assert "\talive\t" in texts["web-1:4121:3f2a"] and "\tdead\t" in texts["web-2:977:b7c1"], texts
+    assert texts["web-1:4121:3f2a"].endswith("\t1.8 ms"), texts  # its claims' p99
     screenshot(page, "admin-workers.png")
     page.click(f"#result_list a:text('{held}')")
     page.wait_for_selector(".field-payload_detail >> text=report 7")  # the job's page
