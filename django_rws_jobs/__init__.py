@@ -99,7 +99,7 @@ def enqueue(
 
 def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: int = 1000) -> list[str]:
     """Store many jobs in one go (items: job_type, (job_type, payload) or a dict of enqueue's arguments)."""
-    from .api.enqueue import enqueue_many as _enqueue_many
+    from .api.enqueue_many import enqueue_many as _enqueue_many
 
     return _enqueue_many(jobs, using=using, batch_size=batch_size)
 

@@ -56,7 +56,7 @@ def test_public_functions_have_real_signatures(name):
     import inspect
 
     import django_rws_jobs
-    from django_rws_jobs.api import dead_letters
+    from django_rws_jobs.api import dead_letters, enqueue_many
     from django_rws_jobs.api import enqueue as api
     from django_rws_jobs.schedules import ticks as schedules
     from django_rws_jobs.worker import tick as run_one
@@ -65,7 +65,13 @@ def test_public_functions_have_real_signatures(name):
         return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
     wrapper = shape(getattr(django_rws_jobs, name))
-    home = {"tick_schedules": schedules, "retry": dead_letters, "delete": dead_letters, "tick": run_one}
+    home = {
+        "tick_schedules": schedules,
+        "retry": dead_letters,
+        "delete": dead_letters,
+        "tick": run_one,
+        "enqueue_many": enqueue_many,
+    }
     target = shape(getattr(home.get(name, api), name))
     assert wrapper == target
     assert all(kind != inspect.Parameter.VAR_KEYWORD for _, kind, _ in wrapper)

@@ -1,8 +1,8 @@
 """What a caller does with jobs: the functions behind the package's public API. Imports
 ``workflows``, ``queue`` and the parts below it.
 
-Enqueueing and reading jobs (``enqueue``: ``enqueue``, ``enqueue_many``, ``jobs``,
-``failed_jobs``), cancelling (``cancellation``), the dead-letter list's retry and delete
+Enqueueing and reading jobs (``enqueue``: ``enqueue``, ``jobs``, ``failed_jobs``;
+``enqueue_many``), cancelling (``cancellation``), the dead-letter list's retry and delete
 (``dead_letters``), batches (``batches``: ``batch()``, ``call()``, ``get_batch()``) and chains
 (``chains``).
 

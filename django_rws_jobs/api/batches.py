@@ -38,7 +38,8 @@ from ..workflows import outputs
 from ..workflows.batch_outcomes import FAIL_FAST_BY, after_cancel, cancel_outstanding, try_finish
 from ..workflows.members import BatchClosed, open_batch
 from .dead_letters import retry, retry_many
-from .enqueue import check_items, enqueue, enqueue_items, prepare
+from .enqueue import enqueue, prepare
+from .enqueue_many import check_items, enqueue_items
 
 logger = logging.getLogger("django_rws_jobs")
 

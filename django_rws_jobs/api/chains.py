@@ -18,7 +18,7 @@ from ..queue import middleware
 from ..workflows import dependencies
 from ..workflows.batch_outcomes import ROW_METADATA, fresh_row
 from .batches import Call
-from .enqueue import _dependencies, insert_prepared
+from .enqueue import insert_prepared, waits_for
 
 
 def chain(*steps: Any, on_dependency_failure: str = "cancel", using: str | None = None) -> list[str]:
@@ -47,7 +47,7 @@ def chain(*steps: Any, on_dependency_failure: str = "cancel", using: str | None 
             for calls in groups:
                 step_ids = []
                 for c in calls:
-                    deps = _dependencies(before, on_dependency_failure) if before else None
+                    deps = waits_for(before, on_dependency_failure) if before else None
                     row = fresh_row(c.row, now)
                     if extra:
                         row[ROW_METADATA] = middleware.merged(row[ROW_METADATA], extra)

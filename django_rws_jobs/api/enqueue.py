@@ -1,12 +1,11 @@
-"""enqueue, enqueue_many, jobs and failed_jobs: rust-web-server's methods, for Django (retry and
-delete are in dead_letters.py, tick in worker/tick.py)."""
+"""enqueue, jobs and failed_jobs: rust-web-server's methods, for Django (enqueue_many is in
+enqueue_many.py, retry and delete in dead_letters.py, tick in worker/tick.py)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import hashlib
 import logging
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
@@ -25,11 +24,9 @@ from ..database.validation import (
     UNIQUE_MAX,
     due_at,
     queue_name,
-    show,
 )
 from ..database.validation import concurrency_limit as _concurrency_limit
 from ..database.validation import integer as _int
-from ..database.validation import only_known as _only_known
 from ..database.validation import text as _text
 from ..database.validation import timeout as _timeout
 from ..flow.concurrency_keys import promote
@@ -43,23 +40,6 @@ from ..workflows.batch_outcomes import cancel_if_failing, cancelled_by_dependenc
 from ..workflows.members import join, open_batch
 
 logger = logging.getLogger("django_rws_jobs")
-
-#: What a dict item of enqueue_many may hold: enqueue's options, nothing internal.
-ITEM_KEYS = (
-    "job_type",
-    "payload",
-    "queue",
-    "priority",
-    "run_at",
-    "run_in",
-    "unique",
-    "max_retries",
-    "timeout",
-    "concurrency_key",
-    "after",
-    "on_dependency_failure",
-    "metadata",
-)
 
 
 def unique_hash(job_type: str, unique: str) -> str:
@@ -161,7 +141,7 @@ def enqueue(
     and ``current_job().metadata`` in its handler.
     """
     alias = queue_alias(using)
-    deps = _dependencies(after, on_dependency_failure)
+    deps = waits_for(after, on_dependency_failure)
 
     def store(metadata: Any) -> str:
         params = prepare(
@@ -196,7 +176,7 @@ def enqueue(
     return middleware.enqueue_around(enqueuers, job, call_next)
 
 
-def _dependencies(after: Any, policy: Any) -> tuple[list[tuple[str, bool]], str] | None:
+def waits_for(after: Any, policy: Any) -> tuple[list[tuple[str, bool]], str] | None:
     """``after`` and ``on_dependency_failure`` checked: (what the job waits for, the policy)."""
     if after is None:
         if policy != "cancel":
@@ -220,7 +200,7 @@ def insert_prepared(
     a unique job, the id of the live job holding its key). Wakes this process's workers at commit.
     ``deps``: what it waits for and the policy (dependencies.py); it is stored blocked."""
     backend_for(connections[alias]).check_insert_size(params, "the job")
-    member_of = _open_batch(alias)
+    member_of = open_batch_id(alias)
     if deps is not None:
         params[10] = "blocked"
     if member_of is not None or deps is not None:
@@ -240,7 +220,7 @@ def insert_prepared(
         job_id = _insert_one(alias, params)
     if params[11] is not None and params[4] <= params[5] and params[10] != "blocked":
         _promote_at_commit(alias, params[11])  # a due job with a concurrency key
-    _wake_local_workers(alias)
+    wake_local_workers(alias)
     return job_id
 
 
@@ -248,10 +228,10 @@ def _insert_one(alias: str, params: list[Any]) -> str:
     if params[-1] is None:
         _insert(connections[alias], params)
         return str(params[0])
-    return _insert_unique(alias, params)
+    return insert_unique(alias, params)
 
 
-def _open_batch(alias: str) -> str | None:
+def open_batch_id(alias: str) -> str | None:
     """The id of the batch open in this context (batches.batch), which takes the jobs enqueued
     now; ValueError for a job of another database than the batch's."""
     member_of = open_batch.get()
@@ -292,137 +272,13 @@ def _insert(conn: Any, params: list[Any]) -> None:
         cursor.execute(INSERT_SQL, params)
 
 
-def _wake_local_workers(alias: str) -> None:
+def wake_local_workers(alias: str) -> None:
 
     if wakeup.listeners:  # a worker runs in this process: wake it when the job commits
         transaction.on_commit(wakeup.notify, using=alias)
 
 
-def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: int = 1000) -> list[str]:
-    """Store many jobs at once and return their ids, in order.
-
-    Each item is a job_type string, a ``(job_type, payload)`` pair, a dict of ``enqueue``'s
-    arguments (``job_type``, ``payload``, ``queue``, ...), or a django.tasks task with its
-    arguments, ``{"task": send_receipt, "args": [42], "kwargs": {}}`` (its id is its result's).
-    The rows go in with multi-row inserts (COPY on PostgreSQL), in the caller's transaction, while
-    later items are still being validated: an invalid item raises and rolls back everything of the
-    call, so that nothing of it is stored. Unique items keep ``enqueue``'s semantics (the id of the
-    live job holding the key is returned).
-    """
-    check_items(jobs)
-    _int("batch_size", batch_size, 1, 10_000)
-    alias = queue_alias(using)
-    return middleware.many(alias, lambda extra: enqueue_items(jobs, alias, batch_size, extra=extra))
-
-
-def check_items(jobs: Any) -> None:
-    if isinstance(jobs, (str, bytes, bytearray, dict)) or not hasattr(jobs, "__iter__"):
-        # A str would be taken for its characters, a dict for its keys.
-        raise TypeError(f"jobs must be a list of jobs, got {type(jobs).__name__} {show(jobs)}")
-
-
-def enqueue_items(
-    jobs: Iterable[Any], alias: str, batch_size: int, first: int = 0, extra: dict[str, Any] | None = None
-) -> list[str]:
-    """enqueue_many's work, the items' numbers in errors counted from ``first``; the jobs join the
-    batch open in this context, if any. Only the ids and the unique items' rows are kept while
-    the rows stream to the database, so a generator of any length takes memory for its ids.
-    ``extra``: metadata (a middleware's) stored with each job, under the item's own keys."""
-    conn = connections[alias]
-    member_of = _open_batch(alias)
-    ids: list[str] = []
-    uniques: dict[int, list[Any]] = {}  # index: the row of a unique item, inserted after the others
-    waits: dict[int, tuple[list[tuple[str, bool]], str]] = {}  # index: what the item waits for
-    now = clock.now(alias)
-
-    def plain() -> Iterator[list[Any]]:
-        """Validate the items one by one; yield the rows without a unique key."""
-        for index, item in enumerate(jobs, first):
-            try:
-                row, deps = _item_params(item, now)
-            except (TypeError, ValueError) as exc:
-                raise type(exc)(f"job #{index}: {exc}") from None
-            row[13] = member_of
-            if extra:
-                try:
-                    row[15] = middleware.merged(row[15], extra)
-                except (TypeError, ValueError) as exc:
-                    raise type(exc)(f"job #{index}: {exc}") from None
-            if deps is not None:
-                row[10] = "blocked"
-                waits[len(ids)] = deps
-            if row[-1] is not None:
-                uniques[len(ids)] = row
-            ids.append(row[0])
-            if row[-1] is None:
-                yield row
-
-    def where() -> str:  # the item plain() yielded last
-        return f"job #{first + len(ids) - 1}"
-
-    with transaction.atomic(using=alias):
-        with conn.cursor() as c:
-            # While execute wrappers or the query log watch the connection, every statement goes
-            # through the cursor as a str with its parameters, as Django documents
-            # (test_enqueue_many_statements_are_seen_by_execute_wrappers_and_the_query_log).
-            watched = bool(conn.execute_wrappers) or conn.queries_logged
-            backend_for(conn).insert_many(c, plain(), batch_size, where, watched)
-        taken = set()  # the unique items that returned another live job's id: neither member nor blocked
-        for index, row in uniques.items():
-            ids[index] = _insert_unique_checked(conn, alias, row, first + index)
-            if ids[index] != row[0]:
-                taken.add(index)
-        if member_of is not None:
-            joined = [job_id for i, job_id in enumerate(ids) if i not in taken] if taken else ids
-            join(conn, member_of, joined)
-            cancel_if_failing(conn, member_of, joined)
-        for index, deps in waits.items():
-            if index not in taken:
-                try:
-                    dependencies.add(conn, ids[index], *deps, on_cancelled=cancelled_by_dependencies)
-                except ValueError as exc:  # an id in after= that names nothing
-                    raise ValueError(f"job #{first + index}: {exc}") from None
-        _wake_local_workers(alias)
-    return ids
-
-
-def _item_params(item: Any, now: float) -> tuple[list[Any], tuple[list[tuple[str, bool]], str] | None]:
-    """One enqueue_many item's INSERT parameters, and what it waits for: only enqueue's options,
-    by name or as a (job_type, payload) pair.
-    (tests/test_input.py::test_enqueue_many_items_take_only_enqueues_options)"""
-    if isinstance(item, str):
-        return prepare(item, now=now), None
-    if isinstance(item, dict) and "task" in item:
-        return _task_params(item), None
-    if isinstance(item, dict):
-        _only_known("key", item, ITEM_KEYS)
-        if "job_type" not in item:
-            raise TypeError("a dict needs a 'job_type'")
-        options = dict(item)
-        deps = _dependencies(options.pop("after", None), options.pop("on_dependency_failure", "cancel"))
-        return prepare(**options, now=now), deps
-    if isinstance(item, (tuple, list)) and 1 <= len(item) <= 2:
-        return prepare(*item, now=now), None
-    raise TypeError(f"a job must be a job_type, a (job_type, payload) pair or a dict, got {show(item)}")
-
-
-def _task_params(item: dict[str, Any]) -> list[Any]:
-    """A django.tasks item, ``{"task": a_task, "args": [...], "kwargs": {...}}``: the row its
-    backend's ``job_params`` makes (an RwsJobsBackend's; tests/test_tasks_backend.py)."""
-    _only_known("key", item, ("task", "args", "kwargs"))
-    task = item["task"]
-    backend = task.get_backend() if callable(getattr(task, "get_backend", None)) else None
-    if backend is None or not callable(getattr(backend, "job_params", None)):
-        raise TypeError(f"'task' must be a task of an RwsJobsBackend, got {show(task)}")
-    return list(backend.job_params(task, item.get("args", ()), item.get("kwargs", {})))
-
-
-def _insert_unique_checked(conn: Any, alias: str, params: list[Any], index: int) -> str:
-    backend_for(conn).check_insert_size(params, f"job #{index}")
-    return _insert_unique(alias, params)
-
-
-def _insert_unique(alias: str, params: list[Any]) -> str:
+def insert_unique(alias: str, params: list[Any]) -> str:
     conn = connections[alias]
     digest = params[-1]
     # A shared-lock read sees the latest commit even where a plain read sees an older snapshot
