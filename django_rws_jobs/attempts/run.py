@@ -239,74 +239,68 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
 
     A row no handler serves but a row runner does (a django.tasks row) returns that runner's
     outcome as its error, which ``record`` hands back to the runner. The thread's Watch (if any)
-    gets the outcome as soon as the handler has returned."""
+    is marked by a plain store right after a handler returns (a row runner's function marks it
+    itself), before the attempt's context ends, in one place whatever ended the attempt
+    (``end_context``)."""
     handlers = watching(job)
     spec = registry.get(job.job_type)
-    if spec is None:
-        rows = registry.row_runner(job.job_type)
-        if rows is not None:
-            token = running.set(job)  # current_job() in the task's function
-            outcome: Any = None
-            ran = False
-            try:
-                outcome = rows.run(job)
-                ran = True
-            finally:
-                running.reset(token)
-                if job.context is not None:
-                    # A failed or stopped attempt keeps its last progress, as a handler's does
-                    # (tests/test_reports.py::test_a_failed_tasks_attempt_keeps_its_last_progress).
-                    try:
-                        job.context._end(failed=not ran or rows.failed(outcome))
-                    except Exception as unsaved:
-                        logger.warning("task %s: its metadata was not saved: %s", job.id, unsaved)
-                    job.context = None  # no cycle (the context holds the claim)
-            if handlers is not None:
-                handlers.outcome = (outcome, None)
-            return outcome, None
+    rows = None if spec is not None else registry.row_runner(job.job_type)
+    if spec is None and rows is None:
         return f"no handler registered for job_type '{job.job_type}'", None
-    token = running.set(job)  # current_job() in the handler
+    token = running.set(job)  # current_job() in the handler or the task's function
+    outcome: tuple[Any, str | None] = SUCCEEDED
+    failed = True  # until the handler returns: a stop (a BaseException) leaves it so
     try:
-        executors = middleware.chains()[1]
-        if executors:
-            middleware.around(
-                executors, current_job(), lambda: call_handler(spec.func, job.payload, spec.is_async, job)
-            )
+        if rows is not None:
+            value = rows.run(job)
+            outcome, failed = (value, None), rows.failed(value)
+            if handlers is not None:
+                handlers.outcome = outcome
         else:
-            call_handler(spec.func, job.payload, spec.is_async, job)
-        if job.context is not None:  # the handler asked for current_job(): save what it changed
-            job.context._end()
-        if handlers is not None:
-            handlers.outcome = SUCCEEDED
+            executors = middleware.chains()[1]
+            if executors:
+                middleware.around(
+                    executors, current_job(), lambda: call_handler(spec.func, job.payload, spec.is_async, job)
+                )
+            else:
+                call_handler(spec.func, job.payload, spec.is_async, job)
+            failed = False
+            if handlers is not None:
+                handlers.outcome = SUCCEEDED
     except Exception as exc:
-        if job.context is not None and not job.context._ended:
-            try:
-                job.context._end(failed=True)
-            except Exception as unsaved:
-                logger.warning("job %s: its metadata was not saved: %s", job.id, unsaved)
-        tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
-        return describe(exc), tb  # logged where it is recorded (_record_failure)
-    except BaseException:
-        # JobTimeout, JobCancelled, a child's SystemExit: the attempt ends here too, and what it
-        # changed and its last progress are written before the caller records its outcome. Also
-        # when the stop landed in the success path's _end, cutting its save short: _end again
-        # writes only what is not written yet
-        # (tests/test_reports.py::test_a_stopped_attempt_keeps_its_metadata_and_last_progress).
-        if job.context is not None:
-            try:
-                job.context._end(failed=True)
-            except Exception as unsaved:
-                logger.warning("job %s: its metadata was not saved: %s", job.id, unsaved)
-        raise
+        outcome = describe(exc), storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
     finally:
         running.reset(token)
-        if job.context is not None:
-            job.context = None  # no cycle (the context holds the claim) left for the collector
-        _close_old_connections()
-    return SUCCEEDED
+        try:
+            if job.context is not None:  # the handler asked for current_job(): save what it changed
+                unsaved = end_context(job, failed, fails=rows is None)
+                if unsaved is not None:
+                    outcome = unsaved
+                    if handlers is not None:
+                        handlers.outcome = unsaved
+        finally:
+            close_stale_connections()
+    return outcome  # a failure is logged where it is recorded (_record_failure)
 
 
-def _close_old_connections() -> None:
+def end_context(job: Claimed, failed: bool, fails: bool) -> tuple[str, str] | None:
+    """End the attempt's context (``JobContext._end``): save the metadata its handler changed,
+    and a ``failed`` attempt's last progress. Metadata that cannot be saved fails a handler's
+    attempt that ``fails`` by it (returned here as the failure); otherwise it is logged."""
+    context = job.context
+    assert context is not None
+    job.context = None  # no cycle (the context holds the claim) left for the collector
+    try:
+        context._end(failed=failed)
+    except Exception as unsaved:
+        if fails and not failed:
+            tb = "".join(traceback.format_exception(unsaved))
+            return describe(unsaved), storable(tb, TRACEBACK_MAX, keep_end=True)
+        logger.warning("job %s: its metadata was not saved: %s", job.id, unsaved)
+    return None
+
+
+def close_stale_connections() -> None:
     """Django's hygiene after a request, after each job: close connections that are broken or past
     CONN_MAX_AGE. (After, not also before: the thread that runs the next job ran this after the
     last one.) Skipped in a thread that never connected, and inside a transaction (``tick()``

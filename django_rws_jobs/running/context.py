@@ -62,7 +62,6 @@ class JobContext:
         "_alias",
         "_batch_row",
         "_claim",
-        "_ended",
         "_inline",
         "_metadata",
         "_progress",
@@ -97,7 +96,6 @@ class JobContext:
         self._progress: tuple[Any, Any, Any] | None = None  # the latest report
         self._queued = False  # the report waits in the writer (reports.Writer)
         self._written: tuple[Any, Any, Any] | None = None  # the report the writer last wrote
-        self._ended = False
 
     def __repr__(self) -> str:
         return (
@@ -272,28 +270,36 @@ class JobContext:
         """The attempt is over: save its metadata if the handler changed it; write its unwritten
         progress if it ``failed`` (the row stays: it shows where the attempt stopped), else drop
         it. TypeError or ValueError for changed metadata that cannot be saved (the attempt fails
-        with it)."""
-        self._ended = True
-        if self._queued:
-            from .reports import writer  # (loads the models)
+        with it). A stop that lands in a success's save (a JobTimeout, a JobCancelled) ends it
+        again as failed, writing only what is not written yet, and goes on
+        (tests/test_reports.py::test_a_stopped_attempt_keeps_its_metadata_and_last_progress)."""
+        try:
+            changed = False
+            if self._metadata is not None:
+                text = metadata_text(self._metadata)
+                changed = text != self._saved and not (text == "{}" and self._saved is None)
+            if self._queued:
+                from .reports import writer  # (loads the models)
 
-            writer(self._alias).forget(self)
-        changed = False
-        if self._metadata is not None:
-            text = metadata_text(self._metadata)
-            changed = text != self._saved and not (text == "{}" and self._saved is None)
-        if changed:
-            self.save_metadata()  # and the latest progress
-        elif failed and self._progress is not self._written and self._inline:
-            self._write_inline()  # a report an async def handler made on its event loop
-        elif failed and self._progress is not self._written:
-            # Not known to be written: it was queued, or the writer took it and may be writing it
-            # now (the save waits for that round). The failure is recorded after this write, so
-            # the fence still holds (tests/test_reports.py
-            # test_a_failed_attempts_last_progress_stays_when_the_writer_takes_it_at_the_end).
-            from .reports import writer  # (loads the models)
+                writer(self._alias).forget(self)
+            if changed:
+                self.save_metadata()  # and the latest progress
+            elif failed and self._progress is not self._written and self._inline:
+                self._write_inline()  # a report an async def handler made on its event loop
+            elif failed and self._progress is not self._written:
+                # Not known to be written: it was queued, or the writer took it and may be writing
+                # it now (the save waits for that round). The failure is recorded after this
+                # write, so the fence still holds (tests/test_reports.py
+                # test_a_failed_attempts_last_progress_stays_when_the_writer_takes_it_at_the_end).
+                from .reports import writer  # (loads the models)
 
-            writer(self._alias).save(self, None, metadata=False)
+                writer(self._alias).save(self, None, metadata=False)
+        except Exception:
+            raise
+        except BaseException:
+            if not failed:
+                self._end(failed=True)
+            raise
 
     def record(self, value: Any) -> bool:
         """Keep ``value`` (JSON, at most OUTPUT_MAX_BYTES of it) as this batch member's output,

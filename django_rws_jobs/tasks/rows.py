@@ -14,7 +14,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction
 from django.db import connections
 
-from ..attempts.run import Returned, _close_old_connections, run_async, watching
+from ..attempts.run import Returned, run_async, watching
 from ..database import clock
 from ..queue import middleware
 from ..queue.registry import TASK_PREFIX
@@ -39,10 +39,7 @@ class TaskRows:
     """The row runner of ``django.tasks:`` rows (registry.RowRunner)."""
 
     def run(self, job: Claimed) -> TaskOutcome:
-        try:
-            return run_task(job)
-        finally:
-            _close_old_connections()
+        return run_task(job)
 
     def record(self, store: Store, job: Claimed, outcome: Any, expired_before: int | None) -> str:
         if isinstance(outcome, str):  # recovery (a lost worker) or a runner's text: a failure

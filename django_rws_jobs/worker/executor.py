@@ -11,7 +11,7 @@ from collections.abc import Callable
 from django.db import connections
 
 from ..attempts.outcomes import TRACEBACK_MAX, Cancelled, CancelledUnrun, asked_to_cancel, describe, storable
-from ..attempts.run import Watch, _close_old_connections, execute, watch
+from ..attempts.run import Watch, close_stale_connections, execute, watch
 from ..conf import jobs_settings
 from ..exceptions import JobCancelled, cancel_message
 from ..queue.store import Claimed
@@ -117,7 +117,7 @@ class Executor:
         except JobCancelled as exc:
             self._stop_cancels()
             if self.handlers.outcome is not None:
-                _close_old_connections()  # the clean-up it cut short
+                close_stale_connections()  # the clean-up it cut short
                 return (False, *self.handlers.result())
             tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
             if self.cancel_raised:
@@ -152,7 +152,7 @@ class Executor:
         try:
             outcome: tuple[bool, str | None, str | None]
             if asked_to_cancel(job):  # a request the Rust crate put the job back past
-                _close_old_connections()
+                close_stale_connections()
                 outcome = False, CancelledUnrun(cancel_message(None, running=False)), None
             else:
                 outcome = self.execute(job)
