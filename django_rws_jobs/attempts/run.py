@@ -256,7 +256,7 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
             outcome, failed = (value, None), rows.failed(value)
             if handlers is not None:
                 handlers.outcome = outcome
-        else:
+        elif spec is not None:
             executors = middleware.chains()[1]
             if executors:
                 middleware.around(
