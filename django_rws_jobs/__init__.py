@@ -77,7 +77,7 @@ def enqueue(
     (blocked) until each has succeeded; ``on_dependency_failure``: "cancel", "run" or "wait".
     ``metadata``: a dict (JSON) the job carries: ``Job.metadata``, ``current_job().metadata``.
     """
-    from .api.enqueue import enqueue as _enqueue
+    from .api.enqueue import enqueue as _enqueue  # (loads the models)
 
     return _enqueue(
         job_type,
@@ -99,42 +99,42 @@ def enqueue(
 
 def enqueue_many(jobs: Iterable[Any], *, using: str | None = None, batch_size: int = 1000) -> list[str]:
     """Store many jobs in one go (items: job_type, (job_type, payload) or a dict of enqueue's arguments)."""
-    from .api.enqueue_many import enqueue_many as _enqueue_many
+    from .api.enqueue_many import enqueue_many as _enqueue_many  # (loads the models)
 
     return _enqueue_many(jobs, using=using, batch_size=batch_size)
 
 
 def jobs(status: str | None = None, limit: int = 100, *, using: str | None = None) -> list[Job]:
     """Jobs with ``status`` (all when None), highest priority and earliest due first, at most ``limit``."""
-    from .api.enqueue import jobs as _jobs
+    from .api.enqueue import jobs as _jobs  # (loads the models)
 
     return _jobs(status, limit, using=using)
 
 
 def failed_jobs(limit: int = 100, *, using: str | None = None) -> list[Job]:
     """The dead-letter list: jobs that exhausted their retries."""
-    from .api.enqueue import failed_jobs as _failed
+    from .api.enqueue import failed_jobs as _failed  # (loads the models)
 
     return _failed(limit, using=using)
 
 
 def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
     """Put a failed job back in the queue, due now (or at ``now``), attempts reset."""
-    from .api.dead_letters import retry as _retry
+    from .api.dead_letters import retry as _retry  # (loads the models)
 
     return _retry(job_id, using=using, now=now)
 
 
 def delete(job_id: str, *, using: str | None = None) -> bool:
     """Delete a job that is not running."""
-    from .api.dead_letters import delete as _delete
+    from .api.dead_letters import delete as _delete  # (loads the models)
 
     return _delete(job_id, using=using)
 
 
 def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     """Claim and run one due job in the calling thread; False when none is due."""
-    from .worker.tick import tick as _tick
+    from .worker.tick import tick as _tick  # (loads the models)
 
     return _tick(queues=queues, using=using)
 
@@ -143,28 +143,28 @@ def tick_schedules(
     now: int | None = None, *, using: str | None = None, schedules: list[Schedule] | None = None
 ) -> int:
     """Enqueue the cron jobs that are due, each due time once across all processes."""
-    from .schedules.ticks import tick_schedules as _tick_schedules
+    from .schedules.ticks import tick_schedules as _tick_schedules  # (loads the models)
 
     return _tick_schedules(now, using=using, schedules=schedules)
 
 
 def pause_queue(name: str, *, using: str | None = None) -> None:
     """Stop every worker from claiming jobs of queue ``name`` until ``resume_queue(name)``."""
-    from .flow.pauses import pause_queue as _pause
+    from .flow.pauses import pause_queue as _pause  # (loads the models)
 
     _pause(name, using=using)
 
 
 def resume_queue(name: str, *, using: str | None = None) -> None:
     """Let workers claim jobs of queue ``name`` again; idle workers are woken."""
-    from .flow.pauses import resume_queue as _resume
+    from .flow.pauses import resume_queue as _resume  # (loads the models)
 
     _resume(name, using=using)
 
 
 def paused_queues(*, using: str | None = None) -> list[str]:
     """The names of the paused queues, in name order."""
-    from .flow.pauses import paused_queues as _paused
+    from .flow.pauses import paused_queues as _paused  # (loads the models)
 
     return _paused(using=using)
 
@@ -172,7 +172,7 @@ def paused_queues(*, using: str | None = None) -> list[str]:
 def workers(*, using: str | None = None) -> list[Worker]:
     """The live workers: each running ``rws_worker`` process whose heartbeat is at most three
     intervals old, with its host, pid, queues, the jobs it holds and its counts."""
-    from .operations.worker_rows import workers as _workers
+    from .operations.worker_rows import workers as _workers  # (loads the models)
 
     return _workers(using=using)
 
@@ -181,7 +181,7 @@ def cancel(job_id: str, *, by: str | None = None, using: str | None = None) -> b
     """Cancel a pending, waiting or running job; False when no such job has that id. A running
     job's worker stops its handler within about a second; a cancelled job is never retried.
     ``by``: who asked, kept on the row."""
-    from .api.cancellation import cancel as _cancel
+    from .api.cancellation import cancel as _cancel  # (loads the models)
 
     return _cancel(job_id, by=by, using=using)
 
@@ -201,7 +201,7 @@ def batch(
     has ended, ``on_finish`` is enqueued, and ``on_success`` if all succeeded, else
     ``on_failure``: each once per finish, whatever crashes. ``fail_fast``: the first member that
     dies cancels the rest. ``b.id`` is its id."""
-    from .api.batches import batch as _batch
+    from .api.batches import batch as _batch  # (loads the models)
 
     return _batch(
         on_success=on_success,
@@ -218,7 +218,7 @@ def call(target: Any, *args: Any, **options: Any) -> Call:
     """A batch's callback: a job_type, its payload and enqueue options
     (``call("reports.build", "7", queue="reports")``), or a django.tasks task and its arguments
     (``call(build_report, import_id=7)``)."""
-    from .api.batches import call as _call
+    from .api.batches import call as _call  # (loads the models)
 
     return _call(target, *args, **options)
 
@@ -227,14 +227,14 @@ def chain(*steps: Any, on_dependency_failure: str = "cancel", using: str | None 
     """Enqueue jobs that run one step after another, in one transaction: each step a
     ``call(...)`` or a list of them run side by side (``chain(call("a"), [call("b"),
     call("c")], call("d"))``); a step that fails cancels the rest. The ids, in order."""
-    from .api.chains import chain as _chain
+    from .api.chains import chain as _chain  # (loads the models)
 
     return _chain(*steps, on_dependency_failure=on_dependency_failure, using=using)
 
 
 def get_batch(batch_id: str, *, using: str | None = None) -> Batch | None:
     """The batch ``batch_id`` with its state and counts, or None."""
-    from .api.batches import get_batch as _get_batch
+    from .api.batches import get_batch as _get_batch  # (loads the models)
 
     return _get_batch(batch_id, using=using)
 
@@ -242,6 +242,6 @@ def get_batch(batch_id: str, *, using: str | None = None) -> Batch | None:
 def get_progress(job_id: str, *, using: str | None = None) -> Progress | None:
     """The progress the job's handler last reported (``current_job().progress(...)``), or None
     if it reported none or the job is gone (a job that succeeded is deleted)."""
-    from .running.reports import get_progress as _get_progress
+    from .running.reports import get_progress as _get_progress  # (loads the models)
 
     return _get_progress(job_id, using=using)

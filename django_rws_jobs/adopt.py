@@ -25,6 +25,7 @@ from typing import Any
 from django.db import migrations, models
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
+from .api.enqueue import unique_hash
 from .database.backends import backend_for
 
 
@@ -88,7 +89,6 @@ def _hash_unique_keys(schema_editor: BaseDatabaseSchemaEditor, model: type[model
     earliest (tests/test_adopt.py::test_migrate_adopts_a_table_rust_created_and_keeps_every_row)."""
     if "unique_hash" not in {f.column for f in model._meta.local_concrete_fields}:
         return  # rws_job_schedules
-    from .api.enqueue import unique_hash
 
     q = schema_editor.quote_name
     table = q(model._meta.db_table)

@@ -9,10 +9,10 @@ class RwsJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import models  # checks: register the system checks
-        from .database import clock
-        from .database.connections import before_first_connections, configure_connection
-        from .queue.registry import TASK_PREFIX, autodiscover, registry
+        from . import models  # (loads the models; registers the system checks)
+        from .database import clock  # (loads the models)
+        from .database.connections import before_first_connections, configure_connection  # (loads the models)
+        from .queue.registry import TASK_PREFIX, autodiscover, registry  # (imports the apps' jobs.py)
 
         models.queue_now = clock.now
         connection_created.connect(configure_connection, dispatch_uid="django_rws_jobs.configure_connection")

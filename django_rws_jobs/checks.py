@@ -15,6 +15,7 @@ from django.db import connections
 
 from .conf import DEFAULTS, jobs_settings
 from .database.validation import INT32_MAX, show
+from .flow.limits import entry_where, parse_concurrency, parse_rate, queues_dict
 
 TAG = "rws_jobs"
 DAY, WEEK, YEAR = 86400, 7 * 86400, 365 * 86400
@@ -162,7 +163,6 @@ def check_queue_limits(raw: Any) -> list[Any]:
     - ``rws_jobs.E019``: a queue's ``concurrency`` is not an integer from 1 to 100000;
     - ``rws_jobs.E020``: a queue's ``rate_limit`` is not "N/s", "N/m" or "N/h" with N from 1 to 1000000.
     """
-    from .flow.limits import entry_where, parse_concurrency, parse_rate, queues_dict
 
     try:
         entries = queues_dict(raw)
@@ -196,6 +196,6 @@ def check_database(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     alias = jobs_settings.DATABASE
     if not isinstance(alias, str) or alias not in connections.settings:
         return []  # reported by check_settings
-    from .database.backends import backend_for
+    from .database.backends import backend_for  # (loads the models; settings may import this module)
 
     return backend_for(connections[alias]).check()

@@ -27,6 +27,8 @@ from typing import Any
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Link, SpanKind
 
+from .conf import jobs_settings
+
 #: The metadata key under which a job carries its enqueue's trace context.
 CARRIER = "_rws.otel"
 #: ``messaging.system``.
@@ -94,7 +96,6 @@ class OpenTelemetryMiddleware:
     def execute(self, job: Any, call_next: Any) -> Any:
         if not self._tracing():
             return call_next()
-        from .conf import jobs_settings
 
         carrier = job.metadata.get(CARRIER)
         sent = propagate.extract(carrier) if isinstance(carrier, dict) else None

@@ -184,6 +184,46 @@ def test_every_module_is_in_a_part():
         part_of(name)  # raises for a module of no part
 
 
+def lazy_imports_without_a_reason(path: Path) -> list[int]:
+    """The lines of ``path`` that import a module of the package inside a function with no reason
+    in a comment on the import's last line: ``# (why)``."""
+    lines = path.read_text().splitlines()
+    found = []
+    for function in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.ImportFrom) and (
+                node.level > 0 or (node.module or "").startswith("django_rws_jobs")
+            ):
+                if "# (" not in lines[(node.end_lineno or node.lineno) - 1]:
+                    found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_every_import_made_inside_a_function_says_why():
+    # Lazy only for a reason that outlives a refactor (it loads the models, which some callers
+    # import before the app registry is ready; an optional dependency; the process pool's
+    # start-up cost), never to dodge a circle: a circle is a part in the wrong place.
+    lazy = {name: lines for name, path in modules().items() if (lines := lazy_imports_without_a_reason(path))}
+    assert lazy == {}
+
+
+def test_a_lazy_import_without_a_reason_is_found(tmp_path):
+    code = tmp_path / "m.py"
+    code.write_text(
+        "from .top import fine\n"
+        "def f():\n"
+        "    from .store import Store\n"
+        "    from .models import Job  # (loads the models)\n"
+        "    from django_rws_jobs.api import (\n"
+        "        enqueue,\n"
+        "    )\n"
+        "    import json\n"
+    )
+    assert lazy_imports_without_a_reason(code) == [3, 5]
+
+
 def vendor_branches(path: Path) -> list[int]:
     """The lines of ``path`` that compare a ``.vendor`` or look something up by it."""
     found = []

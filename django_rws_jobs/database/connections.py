@@ -13,6 +13,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ..conf import jobs_settings
 from .backends import backend_for
 from .backends.base import is_registered
+from .deadline import remember_socket
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -33,8 +34,6 @@ def configure_connection(sender: Any, connection: BaseDatabaseWrapper, **kwargs:
     """Set up new connections as their database's backend says (backends.*.configure_session)."""
     _thread.connected = True
     if getattr(connection, "rws_private", False):
-        from .deadline import remember_socket
-
         remember_socket(connection)
     backend_for(connection).configure_session()
 
@@ -74,7 +73,7 @@ def private_connection(alias: str) -> BaseDatabaseWrapper:
 def sends_several(conn: BaseDatabaseWrapper) -> bool:
     """MariaDB/MySQL: whether ``conn``'s driver connection accepts several statements in one call
     (see backends.mysql.sends_several)."""
-    from .backends.mysql import sends_several
+    from .backends.mysql import sends_several  # (MariaDB's backend: loaded for its databases only)
 
     return sends_several(conn)
 

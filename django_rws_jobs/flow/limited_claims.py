@@ -25,6 +25,7 @@ from django.db import IntegrityError
 from ..database import clock
 from ..database.backends.claimed import CLAIM_COLUMNS, Claimed, claim_order_key
 from ..database.backends.statements import CLAIM_SET, placeholders
+from ..models import Queue, QueueStart
 from .limits import QueueLimits
 
 DUE = "status = 'pending' AND queue = %s AND next_run_at <= %s"
@@ -217,7 +218,6 @@ class RateLog:
 def next_start(using: str, queue: str, limits: QueueLimits, at: float) -> float | None:
     """When ``queue``'s rate limit next lets a job start (unix seconds), or None when it lets one
     start at ``at``: the oldest of its N most recent starts, a period on (admin/waits.py)."""
-    from ..models import Queue, QueueStart
 
     row = Queue.objects.using(using).filter(name=queue).values_list("rate_slots", "rate_next").first()
     if row is None or limits.rate is None:

@@ -10,6 +10,7 @@ import dataclasses
 import re
 from typing import Any
 
+from ..conf import jobs_settings
 from ..database.validation import CONCURRENCY_MAX, queue_name, show
 
 #: A rate limit's unit and its window in seconds (Celery's notation).
@@ -90,6 +91,5 @@ def parse_queues(raw: Any) -> dict[str, QueueLimits]:
 
 
 def configured() -> dict[str, QueueLimits]:
-    from ..conf import jobs_settings
 
     return parse_queues(jobs_settings.QUEUES)

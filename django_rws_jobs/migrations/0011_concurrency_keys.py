@@ -35,7 +35,7 @@ def _key_collation(apps, schema_editor, exact: bool) -> None:
     conn = schema_editor.connection
     if conn.vendor != "mysql":
         return
-    from django_rws_jobs.migrations import _exact
+    from django_rws_jobs.migrations import _exact  # (MariaDB's only)
 
     model = apps.get_model("django_rws_jobs", "Job")
     _exact.alter(schema_editor, model, "concurrency_key", exact)

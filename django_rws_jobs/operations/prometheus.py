@@ -18,6 +18,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 
 from ..conf import jobs_settings
 from ..database import clock
+from ..database.backends import backend_for
 from ..database.connections import queue_alias
 from ..models import Worker
 from .metrics import ADDS, locked_due
@@ -155,8 +156,6 @@ def horizon_gauges(alias: str) -> Iterator[Any]:
     """What holds back the cleanup of the queue's table (BaseBackend.horizon): only the gauges
     the queue's database measures (tests/test_horizon.py)."""
     from prometheus_client.core import GaugeMetricFamily
-
-    from ..database.backends import backend_for
 
     found = backend_for(connections[alias]).horizon()
     if found.snapshot_age is not None:

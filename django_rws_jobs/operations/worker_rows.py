@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..conf import jobs_settings
 from ..database import clock
 from ..database.connections import queue_alias
+from ..models import Worker
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -39,7 +41,6 @@ COLUMNS = (
 
 def heartbeat_interval() -> float:
     """Seconds between two heartbeats: the lease keeper's round, a third of LEASE_SECONDS."""
-    from ..conf import jobs_settings
 
     return max(int(jobs_settings.LEASE_SECONDS) / 3, 0.2)
 
@@ -141,7 +142,6 @@ def forget_dead(store: Any, now: int) -> int:
 
 def workers(*, using: str | None = None, now: int | None = None) -> list[Any]:
     """The live workers (heartbeat at most DEAD_AFTER intervals old), by host and start time."""
-    from ..models import Worker
 
     alias = queue_alias(using)
     now = int(clock.now(alias)) if now is None else now

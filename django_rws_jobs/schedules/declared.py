@@ -26,6 +26,7 @@ from ..checks import TAG
 from ..conf import jobs_settings
 from ..database.validation import text
 from ..queue.registry import registry
+from ..tasks import scheduled
 from . import cron
 
 logger = logging.getLogger("django_rws_jobs")
@@ -143,7 +144,7 @@ def _shape_errors(name: str, entry: Any) -> list[ScheduleError]:
 
 
 def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[ScheduleError]]:
-    from ..api.enqueue import prepare
+    from ..api.enqueue import prepare  # (loads the models; settings may import this module)
 
     def error(message: str, check_id: str) -> ScheduleError:
         return ScheduleError(name, message, check_id)
@@ -162,8 +163,6 @@ def _check(name: str, entry: Any, source: str) -> tuple[Schedule | None, list[Sc
     payload = entry.get("payload", "")
     options = {key: entry[key] for key in OPTION_KEYS if key in entry}
     if "task" in entry:  # a django.tasks task (tasks/scheduled.py)
-        from ..tasks import scheduled
-
         job_type, payload, wrong = scheduled.check(entry)
         problems += [error(message, BAD_OPTION) for message in wrong]
     try:

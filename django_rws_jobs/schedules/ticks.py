@@ -10,10 +10,12 @@ from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
+from ..api.enqueue import enqueue
 from ..database import clock
 from ..database.connections import queue_alias
 from ..models import JobSchedule
 from ..queue.registry import TASK_PREFIX
+from ..tasks import scheduled
 from . import cron
 from .declared import Schedule, ScheduleError, check_schedules, declared, valid_schedules
 
@@ -74,7 +76,6 @@ def tick_schedules(
 
 def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, alias: str) -> int:
     """Tick one schedule whose row read (next_run_at, cron) or None; return 1 if it enqueued."""
-    from ..api.enqueue import enqueue
 
     expr = cron.parse(schedule.cron)
     nxt = expr.next_after(now)
@@ -114,8 +115,6 @@ def _tick_one(schedule: Schedule, row: tuple[int, str | None] | None, now: int, 
         if rows.filter(name=schedule.name, next_run_at=due).update(next_run_at=nxt, cron=expr.text) != 1:
             return 0  # another process claimed it
         if schedule.job_type.startswith(TASK_PREFIX):
-            from ..tasks import scheduled
-
             job_id = scheduled.enqueue(schedule.job_type, schedule.payload)
         else:
             job_id = enqueue(schedule.job_type, schedule.payload, using=alias, **schedule.options)

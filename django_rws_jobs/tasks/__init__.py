@@ -16,11 +16,11 @@ __all__ = ["RwsJobsBackend", "RwsTask", "task"]
 
 def __getattr__(name: str) -> Any:
     if name in ("RwsJobsBackend", "RwsTask"):
-        from . import backend
+        from . import backend  # (needs django.tasks or its backport: see above)
 
         return getattr(backend, name)
     if name == "task":
-        from .decorator import task
+        from .decorator import task  # (needs django.tasks or its backport: see above)
 
         return task
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,10 @@ from typing import Any
 from django.core import checks
 from django.db import connections
 
+from ..conf import jobs_settings
+from ..database.validation import KEY_MAX, concurrency_limit, queue_name, text, timeout
+from ..queue import middleware
+from ..queue.metadata import metadata_text
 from ..queue.registry import TASK_PREFIX
 from . import history
 from .compat import (
@@ -27,6 +31,7 @@ from .compat import (
     normalize_json,
     task_enqueued,
 )
+from .results import OPTIONS, RwsTaskResult, fetch, load_task
 
 #: OPTIONS this backend reads.
 OPTION_KEYS = ("MAX_ATTEMPTS", "RESULTS_RETENTION", "DATABASE")
@@ -70,8 +75,6 @@ class RwsTask(Task):
     ) -> RwsTask:
         """A copy with other options (``using()`` for this backend's options)."""
         if metadata is not None:
-            from ..queue.metadata import metadata_text
-
             try:
                 metadata_text(metadata)
             except (TypeError, ValueError) as exc:
@@ -98,7 +101,6 @@ class RwsJobsBackend(BaseTaskBackend):
 
     @property
     def database(self) -> str:
-        from ..conf import jobs_settings
 
         return self.options.get("DATABASE") or jobs_settings.DATABASE
 
@@ -109,7 +111,6 @@ class RwsJobsBackend(BaseTaskBackend):
             return int(own)
         if self.options.get("MAX_ATTEMPTS") is not None:
             return int(self.options["MAX_ATTEMPTS"])
-        from ..conf import jobs_settings
 
         return int(jobs_settings.MAX_RETRIES) + 1
 
@@ -135,7 +136,6 @@ class RwsJobsBackend(BaseTaskBackend):
         if run_after is not None and not isinstance(run_after, dt.datetime):
             raise InvalidTask(f"run_after must be an aware datetime, not {type(run_after).__name__}.")
         super().validate_task(task)
-        from ..database.validation import queue_name
 
         try:  # the queue's own rules (64 characters, no comma...), when the task is made, as Django's
             queue_name(task.queue_name)
@@ -147,8 +147,6 @@ class RwsJobsBackend(BaseTaskBackend):
             if not 1 <= task.max_attempts <= 2**31:
                 raise InvalidTask(f"max_attempts must be between 1 and {2**31}, not {task.max_attempts}.")
         if isinstance(task, RwsTask) and task.timeout is not None:
-            from ..database.validation import timeout
-
             try:
                 timeout(task.timeout)
             except (TypeError, ValueError) as exc:
@@ -157,7 +155,6 @@ class RwsJobsBackend(BaseTaskBackend):
             self._validate_concurrency(task)
 
     def _validate_concurrency(self, task: RwsTask) -> None:
-        from ..database.validation import KEY_MAX, concurrency_limit, text
 
         try:
             if task.concurrency_limit is not None:
@@ -177,8 +174,7 @@ class RwsJobsBackend(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
         """Insert the task's row in the caller's transaction; return its READY result."""
-        from ..api.enqueue import insert_prepared
-        from ..queue import middleware
+        from ..api.enqueue import insert_prepared  # (loads the models; see the module's docstring)
 
         params = self.job_params(task, args, kwargs)
         stored = history.load(params[2])  # the arguments as JSON made them, the time of enqueue
@@ -197,7 +193,6 @@ class RwsJobsBackend(BaseTaskBackend):
             job_id = insert_prepared(self.database, params)
         if job_id != params[0]:  # a unique task already waits or runs: its result
             return self.get_result(job_id)
-        from .results import RwsTaskResult
 
         result = RwsTaskResult(
             metadata=None if params[15] is None else json.loads(params[15]),
@@ -219,8 +214,8 @@ class RwsJobsBackend(BaseTaskBackend):
 
     def job_params(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
         """The task's row as ``api.prepare`` makes one (enqueue's and enqueue_many's)."""
-        from ..api.enqueue import prepare
-        from ..database import clock
+        from ..api.enqueue import prepare  # (loads the models; see the module's docstring)
+        from ..database import clock  # (loads the models; see the module's docstring)
 
         self.validate_task(task)
         declared = _check_importable(task)
@@ -256,7 +251,6 @@ class RwsJobsBackend(BaseTaskBackend):
     # -- results ---------------------------------------------------------------------------------
 
     def get_result(self, result_id: str) -> TaskResult:
-        from .results import fetch
 
         return fetch(self.database, result_id, TASK_PREFIX, self.alias)
 
@@ -317,7 +311,6 @@ class RwsJobsBackend(BaseTaskBackend):
             found.append(
                 checks.Error(f"{where}['DATABASE'] {database!r} is not in DATABASES", id="rws_jobs.E204")
             )
-        from ..database.validation import queue_name
 
         for queue in sorted(self.queues):
             try:
@@ -332,7 +325,6 @@ def _check_importable(task: Task) -> Task:
     unless that path names this task's function (a Task built by hand, or ``other = task(f)``
     beside ``@task def f``, name something else). Asked at enqueue: when ``@task`` runs, the
     name is not bound yet."""
-    from .results import load_task
 
     try:
         found = load_task(task.module_path)
@@ -347,7 +339,6 @@ def _options(task: Task, declared: Task) -> dict[str, Any] | None:
     """The task's own options that differ from its declaration's (None when none do)."""
     if not isinstance(task, RwsTask):
         return None
-    from .results import OPTIONS
 
     changed = {k: getattr(task, k) for k in OPTIONS if getattr(task, k) != getattr(declared, k, None)}
     return changed or None

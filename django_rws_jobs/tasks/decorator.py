@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .backend import RwsJobsBackend
 from .compat import task_backends
 
 
@@ -21,7 +22,6 @@ def task(
     """Django's ``@task`` (``priority``, ``queue_name``, ``backend``, ``takes_context``) plus
     ``max_attempts``, ``unique``, ``timeout``, ``concurrency_key`` and ``concurrency_limit`` (see
     RwsTask); the backend must be an RwsJobsBackend."""
-    from .backend import RwsJobsBackend
 
     try:
         from django.tasks import task as django_task

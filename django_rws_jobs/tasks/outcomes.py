@@ -19,7 +19,7 @@ from ..database.backends.base import is_registered
 from ..exceptions import TIMED_OUT, JobTimeout
 from ..queue.registry import TASK_PREFIX
 from ..queue.store import BACK_IN_QUEUE, Claimed, Store
-from . import history
+from . import compat, history, results
 from .errors import WorkerLost
 
 logger = logging.getLogger("django_rws_jobs")
@@ -30,7 +30,6 @@ def framework() -> tuple[Any, Any]:
     """The ``compat`` and ``results`` modules, imported at the first task row (as this module
     is): a worker of ``@job`` rows only never imports them. A cached call costs a fraction of a
     relative import inside a function, which runs at every call."""
-    from . import compat, results
 
     return compat, results
 

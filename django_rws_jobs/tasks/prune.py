@@ -17,6 +17,8 @@ from django.conf import settings
 
 from ..database import clock
 from ..models import TaskResultRecord
+from .backend import RwsJobsBackend
+from .compat import task_backends
 
 logger = logging.getLogger("django_rws_jobs")
 
@@ -86,8 +88,6 @@ def policies(alias: str) -> list[Rule]:
     takes every queue (tests/test_tasks_extras.py::test_pruning_keeps_what_any_backend_keeps)."""
     if not getattr(settings, "TASKS", None):
         return []
-    from .backend import RwsJobsBackend
-    from .compat import task_backends
 
     named: dict[str, list[float | None]] = {}
     anywhere: list[float | None] = []  # the retentions of the backends that take every queue

@@ -11,6 +11,7 @@ from django.db import connections
 from django.utils.module_loading import import_string
 
 from ..exceptions import JobCancelled
+from ..running.context import current_job
 from . import history
 from .compat import (
     InvalidTask,
@@ -52,7 +53,6 @@ class RwsTaskContext(TaskContext):
 
 
 def _running() -> Any:
-    from ..running.context import current_job
 
     job = current_job()
     if job is None:

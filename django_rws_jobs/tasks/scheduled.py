@@ -12,6 +12,8 @@ import json
 from typing import Any
 
 from ..queue.registry import TASK_PREFIX
+from .backend import arguments
+from .results import load_task
 
 #: The keys of a task schedule.
 KEYS = ("cron", "task", "args", "kwargs")
@@ -29,9 +31,6 @@ def check(entry: dict[str, Any]) -> tuple[str, str, list[str]]:
     if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
         return "", "", ["'args' must be a list and 'kwargs' a dict"]
     try:
-        from .backend import arguments
-        from .results import load_task
-
         task = load_task(path)
         task.get_backend().validate_task(task)
         args, kwargs = arguments(args, kwargs)
@@ -42,7 +41,6 @@ def check(entry: dict[str, Any]) -> tuple[str, str, list[str]]:
 
 def enqueue(job_type: str, payload: str) -> str:
     """Enqueue the schedule's task; return its result's id."""
-    from .results import load_task
 
     task = load_task(job_type[len(TASK_PREFIX) :])
     data = json.loads(payload)

@@ -46,7 +46,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The process pool (worker/pool.py, and multiprocessing with it) loads only when it is used.
     if name == "ProcessExecutor":
-        from .pool import ProcessExecutor
+        from .pool import ProcessExecutor  # (the process pool only: it loads multiprocessing)
 
         return ProcessExecutor
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

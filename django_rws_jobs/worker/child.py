@@ -24,8 +24,10 @@ import types
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..attempts.run import Watch
+from ..attempts.outcomes import describe
+from ..attempts.run import Watch, execute, watch
 from ..queue.store import Claimed
+from ..running.context import serving
 
 #: A job's fields in order, to send it as a tuple (a tuple of plain values pickles faster than
 #: the dataclass).
@@ -183,10 +185,6 @@ def serve(conn: Connection, alias: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _terminate)
     from django.db import connections  # (Django is set up: the fork server imported preload.py)
-
-    from ..attempts.outcomes import describe
-    from ..attempts.run import execute, watch
-    from ..running.context import serving
 
     serving.set(alias)
     watch(_running.handlers)

@@ -120,7 +120,7 @@ class Worker:
         self.shared = Shared(self.alias, self.threads)
         self.pool = None  # the thread pool; the process pool (and multiprocessing) loads for its own use
         if (pool, max_jobs_per_child, max_memory_per_child) != ("threads", None, None):
-            from .pool import make_pool
+            from .pool import make_pool  # (the process pool only: it loads multiprocessing)
 
             self.pool = make_pool(pool, max_jobs_per_child, max_memory_per_child, self.alias)
         self.registration = Registration(worker_id(), self.queues, pool, self.threads, heartbeat_interval())
@@ -267,7 +267,7 @@ class Worker:
             }
             roles[Watchdog.ROLE] = self._watchdog.loop
         else:
-            from .pool import ProcessExecutor
+            from .pool import ProcessExecutor  # (the process pool only: it loads multiprocessing)
 
             roles = {
                 f"rws-job-{i}": lambda: ProcessExecutor(shared, pool).loop() for i in range(self.threads)

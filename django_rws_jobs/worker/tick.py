@@ -8,29 +8,30 @@ from contextlib import contextmanager
 
 from django.db import connections
 
+from ..attempts.run import run_claimed
+from ..checks import require_valid_settings
 from ..conf import jobs_settings
 from ..database import clock
 from ..database.connections import queue_alias
 from ..database.validation import queue_list
+from ..flow.concurrency_keys import KeySweep, promote
+from ..flow.limited_claims import claim_limited_queues
+from ..flow.pauses import NONE_UNPAUSED, QueueFilter
 from ..queue import ids
+from ..queue.store import Store
+from ..running.context import inline
+from ..running.context import serving as serving_alias
+from .reconnect import Connection, Retry
 
 
 def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
     """Claim one due job and run it in the calling thread. False when none is due."""
-    from ..attempts.run import run_claimed
-    from ..checks import require_valid_settings
-    from ..queue.store import Store
-    from ..running.context import inline
-    from ..running.context import serving as serving_alias
 
     queues = queue_list(queues)
     alias = queue_alias(using)
     require_valid_settings()
     store = Store(connections[alias])
     lease = int(jobs_settings.LEASE_SECONDS)
-    from ..flow.concurrency_keys import KeySweep, promote
-    from ..flow.limited_claims import claim_limited_queues
-    from ..flow.pauses import NONE_UNPAUSED, QueueFilter
 
     serving = QueueFilter(queues)
     unlimited = serving.current(store)  # paused and limited queues left out
@@ -61,7 +62,6 @@ def tick(*, queues: list[str] | None = None, using: str | None = None) -> bool:
 def _renewing(alias: str, token: str, lease: int) -> Iterator[None]:
     """Renew a claim's lease from a side thread while the calling thread runs the job; each renewal
     is tried once, and a failed one again at the next round: the lease is long."""
-    from .reconnect import Connection, Retry
 
     done = threading.Event()
 

@@ -15,7 +15,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from django_rws_jobs.database import clock
+from django_rws_jobs.database.backends import backend_for
+from django_rws_jobs.database.connections import queue_alias
+from django_rws_jobs.flow.pauses import paused_queues
 from django_rws_jobs.management import setting_default
+from django_rws_jobs.models import BatchRecord, Job, Status, Worker
+from django_rws_jobs.operations.metrics import locked_due
+from django_rws_jobs.operations.worker_rows import DEAD_AFTER, heartbeat_interval, this_host
 
 #: What a check found: (healthy, what it says).
 Finding = tuple[bool, str]
@@ -148,7 +155,6 @@ class Command(BaseCommand):
 
 def heartbeat_file(path: str) -> Finding:
     """Touched within three heartbeat intervals (LEASE_SECONDS / 3 each)?"""
-    from django_rws_jobs.operations.worker_rows import DEAD_AFTER, heartbeat_interval
 
     limit = DEAD_AFTER * heartbeat_interval()
     try:
@@ -167,8 +173,6 @@ def heartbeat_file(path: str) -> Finding:
 def database(options: dict[str, Any]) -> dict[str, Finding]:
     """The database answers and the queue's migrations are applied; then the thresholds."""
     from django.db import DatabaseError, connections
-
-    from django_rws_jobs.database.connections import queue_alias
 
     try:
         alias = queue_alias(options["database"])
@@ -208,11 +212,6 @@ def unapplied(conn: Any) -> list[str]:
 
 def thresholds(alias: str, options: dict[str, Any]) -> dict[str, Finding]:
     from django.db import connections
-
-    from django_rws_jobs.database import clock
-    from django_rws_jobs.flow.pauses import paused_queues
-    from django_rws_jobs.models import Job, Status, Worker
-    from django_rws_jobs.operations.worker_rows import this_host
 
     now = int(clock.now(alias))
     found: dict[str, Finding] = {}
@@ -264,7 +263,6 @@ def thresholds(alias: str, options: dict[str, Any]) -> dict[str, Finding]:
 def claim_p99(alias: str, now: int, limit: float) -> Finding:
     """The slowest live worker's claims, at their 99th percentile between its last two
     heartbeats (rws_workers.claim_p99)."""
-    from django_rws_jobs.models import Worker
 
     live = [
         w
@@ -284,7 +282,6 @@ def claim_p99(alias: str, now: int, limit: float) -> Finding:
 def locked(alias: str, now: int, limit: int) -> Finding:
     """Pending jobs due for over a lease that a transaction keeps locked (metrics.locked_due):
     claims skip them, so nothing runs them until that transaction ends."""
-    from django_rws_jobs.operations.metrics import locked_due
 
     by_queue = locked_due(alias, now)
     n = sum(by_queue.values())
@@ -305,8 +302,6 @@ def horizon(alias: str, options: dict[str, Any]) -> dict[str, Finding]:
     """What holds back the cleanup of the queue's table (BaseBackend.horizon); a limit the
     database has no measure for is said so, and healthy."""
     from django.db import connections
-
-    from django_rws_jobs.database.backends import backend_for
 
     conn = connections[alias]
     h = backend_for(conn).horizon()
@@ -357,7 +352,6 @@ def horizon(alias: str, options: dict[str, Any]) -> dict[str, Finding]:
 def open_batch_age(alias: str, now: int, limit: float) -> Finding:
     """The oldest open batch: one whose with block never ended (its process died in it) stays
     open for ever and never finishes."""
-    from django_rws_jobs.models import BatchRecord
 
     oldest = (
         BatchRecord.objects.using(alias)
@@ -410,7 +404,6 @@ class Due:
     """
 
     def __init__(self, c: Any, now: int, limit: int | None, *, want_oldest: bool, paused: list[str]):
-        from django_rws_jobs.database.backends import backend_for
 
         self.c, self.now = c, now
         # Each range's index is named where the database takes hints (PostgreSQL takes none and
