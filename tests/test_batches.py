@@ -17,7 +17,7 @@ from django_rws_jobs.database.backends.claimed import Claimed
 from django_rws_jobs.models import BatchMember, BatchOutput, BatchRecord, Job
 from django_rws_jobs.queue.store import Store
 from django_rws_jobs.running.context import output_text
-from django_rws_jobs.workflows import batch_outcomes, outputs
+from django_rws_jobs.workflows import batch_outcomes, batch_upkeep, outputs
 from tests.conftest import drain
 from tests.testapp.models import Run
 
@@ -276,8 +276,8 @@ def test_the_sweep_finishes_what_a_crash_left():
     Job.objects.filter(id=ok).delete()  # it succeeded; its member row was not written
     Job.objects.filter(id=dead).update(status="failed")  # it died; likewise
     store = Store(connections["default"])
-    assert batch_outcomes.sweep(store, 100) == 1
-    assert batch_outcomes.sweep(store, 100) == 0
+    assert batch_upkeep.sweep(store, 100) == 1
+    assert batch_upkeep.sweep(store, 100) == 0
     assert counts(b.id) == ("finished", "failed", 2, 1, 1, 0, 0)
     assert sorted(
         Job.objects.filter(batch_id=b.id, batch_event__isnull=False).values_list("batch_event", flat=True)
@@ -310,7 +310,7 @@ def test_a_batch_whose_finish_fails_is_skipped_and_the_sweep_goes_on(caplog):
     Job.objects.filter(id__in=[bad_member, good_member]).delete()  # they succeeded, unrecorded
     store = Store(connections["default"])
     with caplog.at_level(logging.ERROR, logger="django_rws_jobs"):
-        assert batch_outcomes.sweep(store, 100) == 1
+        assert batch_upkeep.sweep(store, 100) == 1
     assert f"batch {bad.id}: its finish failed; skipped until the next sweep" in caplog.text
     assert counts(good.id) == ("finished", "succeeded", 1, 1, 0, 0, 0)
     assert counts(bad.id)[:2] == ("sealed", None)  # its transaction rolled back: tried again later
@@ -318,7 +318,7 @@ def test_a_batch_whose_finish_fails_is_skipped_and_the_sweep_goes_on(caplog):
     assert Job.objects.get(id=waiting).status == "pending"
     caplog.clear()
     with caplog.at_level(logging.ERROR, logger="django_rws_jobs"):
-        assert batch_outcomes.sweep(store, 100) == 0
+        assert batch_upkeep.sweep(store, 100) == 0
     assert f"batch {bad.id}: its finish failed" in caplog.text
 
 
@@ -340,8 +340,8 @@ def test_finished_batches_are_pruned_after_their_retention():
     drain()
     store = Store(connections["default"])
     finished_at = BatchRecord.objects.get(id=b.id).finished_at
-    assert batch_outcomes.prune(store, finished_at + 10, 60) == 0
-    assert batch_outcomes.prune(store, finished_at + 61, 60) == 1
+    assert batch_upkeep.prune(store, finished_at + 10, 60) == 0
+    assert batch_upkeep.prune(store, finished_at + 61, 60) == 1
     assert rws.get_batch(b.id) is None and BatchMember.objects.count() == 0
     assert Job.objects.filter(status="failed").count() == 1  # the dead member stays in the list
 
@@ -503,10 +503,10 @@ def test_pruning_deletes_a_batchs_outputs_over_bounded_passes(monkeypatch):
         b.enqueue("test.batch_member", "fail", max_retries=0)
     drain()
     assert BatchOutput.objects.count() == 5
-    monkeypatch.setattr(batch_outcomes, "PRUNE_ROWS", 2)
+    monkeypatch.setattr(batch_upkeep, "PRUNE_ROWS", 2)
     store = Store(connections["default"])
     later = BatchRecord.objects.get(id=b.id).finished_at + 61
-    passes = [batch_outcomes.prune(store, later, 60) for _ in range(4)]
+    passes = [batch_upkeep.prune(store, later, 60) for _ in range(4)]
     assert passes == [0, 0, 0, 1]  # 2 + 2 + (1 output and the member row), then the batch
     assert BatchOutput.objects.count() == 0 and BatchMember.objects.count() == 0
     assert rws.get_batch(b.id) is None
@@ -734,7 +734,7 @@ def test_a_member_deleted_while_pending_counts_as_cancelled():
         gone = b.enqueue("test.batch_member", "2")
     assert rws.delete(gone)
     drain()
-    batch_outcomes.sweep(Store(connections["default"]), 100)
+    batch_upkeep.sweep(Store(connections["default"]), 100)
     drain()
     assert counts(b.id) == ("finished", "failed", 2, 1, 0, 1, 0)
     assert [c["payload"] for c in callbacks()] == ["bad"]
@@ -747,7 +747,7 @@ def test_what_the_dependency_sweep_cancels_finishes_its_batch(cancelled_signals)
     with rws.batch(on_failure=cb("bad")) as b:
         waits = b.enqueue("test.batch_member", "1", after=[dep])
     Job.objects.filter(id=dep).update(status="failed")  # no settle: as another writer ends it
-    assert batch_outcomes.sweep_dependencies(Store(connections["default"]), 100) >= 1
+    assert batch_upkeep.sweep_dependencies(Store(connections["default"]), 100) >= 1
     assert counts(b.id) == ("finished", "failed", 1, 0, 0, 1, 0)
     assert cancelled_signals == [waits]
     assert drain() == 1 and [c["payload"] for c in callbacks()] == ["bad"]

@@ -8,7 +8,7 @@ joins it: each job, its member row and the batch's ``total`` go in one transacti
 Members commit as any enqueue does and may run while the block is open; leaving the block seals
 the batch, and only a sealed batch finishes. An exception in the block cancels the batch and its
 members that have not ended, blocked ones included. How the finish stays once per finish through
-crashes: batch_outcomes.py.
+crashes: batch_outcomes.py and batch_upkeep.py.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ def _after_cancel(job: Job, freed_key: str | None, alias: str) -> None:
 
 def _settle(job: Job, alias: str) -> None:
     """A job cancelled before it ran: what waits for it, its batch member row and its batch's
-    finish; one that fails is logged and left to the workers' sweeps (batch_outcomes.py,
+    finish; one that fails is logged and left to the workers' sweeps (batch_upkeep.py,
     dependencies.py)."""
 
     try:

@@ -20,7 +20,7 @@ from ..operations import metrics
 from ..operations.worker_rows import Registration, forget_dead, heartbeat_interval
 from ..queue.store import Claimed
 from ..tasks.prune import prune_expired
-from ..workflows import batch_outcomes, dependency_outcomes
+from ..workflows import batch_upkeep, dependency_outcomes
 from .reconnect import Connection, Retry
 from .shared import Shared
 
@@ -112,10 +112,10 @@ class LeaseKeeper:
                 "pruning cancelled jobs",
                 lambda: prune_cancelled(store, now, float(jobs_settings.CANCELLED_RETENTION)),
             ),
-            ("sweeping batches", lambda: batch_outcomes.sweep(store, now)),
-            ("sweeping dependencies", lambda: batch_outcomes.sweep_dependencies(store, now)),
+            ("sweeping batches", lambda: batch_upkeep.sweep(store, now)),
+            ("sweeping dependencies", lambda: batch_upkeep.sweep_dependencies(store, now)),
             ("pruning dependency rows", prune_edges),
-            ("pruning batches", lambda: batch_outcomes.prune(store, now, batch_retention)),
+            ("pruning batches", lambda: batch_upkeep.prune(store, now, batch_retention)),
             ("pruning metrics", lambda: metrics.prune(store, now - int(jobs_settings.METRICS_RETENTION))),
         ]
         # A step that fails for a reason of its own (a value the database refuses) is logged and

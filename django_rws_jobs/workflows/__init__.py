@@ -4,7 +4,8 @@
 A batch's members as enqueue adds them (``members``), what a member's handler recorded for the
 batch (``outputs``), jobs that wait for jobs (``dependencies``: blocked until what they wait for
 has ended; ``dependency_outcomes``: then released or cancelled), and what members' outcomes do to
-their batch (``batch_outcomes``: the finish and its callbacks). The calls that make these
+their batch (``batch_outcomes``: the finish and its callbacks; ``batch_upkeep``: the keeper's
+sweep of what a crash left, and the prune). The calls that make these
 (``batch()``, ``chain()``, ``enqueue(after=)``) are in ``api``.
 
 Invariants: a batch's callbacks are enqueued once per finish, and a blocked job is released or
