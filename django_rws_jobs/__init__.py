@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import JobCancelled, JobTimeout
+from .exceptions import Cancel, Fail, JobCancelled, JobTimeout, Retry, Snooze
 from .queue.progress import Progress
 from .queue.registry import job, register
 from .running.context import JobContext, current_job
@@ -48,6 +48,10 @@ __all__ = [
     "Progress",
     "JobTimeout",
     "JobCancelled",
+    "Snooze",
+    "Retry",
+    "Fail",
+    "Cancel",
 ]
 
 

@@ -59,6 +59,11 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "BACKOFF_INITIAL": ("rws_jobs.E004", *_bounded(SECONDS, 0, YEAR)),
     "BACKOFF_MULTIPLIER": ("rws_jobs.E005", *_bounded("a number", 1, 1000)),
     "BACKOFF_MAX": ("rws_jobs.E006", *_bounded(SECONDS, 0, YEAR, above=True)),
+    "BACKOFF_JITTER": (
+        "rws_jobs.E031",
+        lambda v: _bounded("", 0, 1)[0](v) and v < 1,
+        "a number in [0, 1)",
+    ),
     "POLL_INTERVAL": ("rws_jobs.E007", *_bounded(SECONDS, 0, 3600, above=True)),
     "LEASE_SECONDS": ("rws_jobs.E008", *_bounded("an integer number of seconds", 2, WEEK, integer=True)),
     "SHUTDOWN_TIMEOUT": ("rws_jobs.E009", *_bounded(SECONDS, 0, DAY)),

@@ -18,6 +18,9 @@ DEFAULTS: dict[str, Any] = {
     "BACKOFF_MULTIPLIER": 2.0,
     # Seconds: the longest wait before a retry.
     "BACKOFF_MAX": 3600,
+    # Each computed wait before a retry (not Retry(delay=)) is spread by up to this share of it
+    # either way, so that jobs failing together do not retry together: a number in [0, 1).
+    "BACKOFF_JITTER": 0.1,
     # Seconds an idle worker waits before it looks for due jobs again (a wake-up ends it sooner).
     "POLL_INTERVAL": 0.5,
     # Seconds a claim holds a job; renewed every third of it while the job runs. A dead worker's

@@ -144,6 +144,8 @@ class Job(models.Model):
         null=True, blank=True, editable=False, help_text=_("JSON: current, total, message")
     )
     progress_at = models.FloatField(null=True, blank=True, editable=False, help_text=_("unix seconds"))
+    # Times its handler raised Snooze (attempts/outcomes.py): a snooze charges no attempt.
+    snoozes = models.IntegerField(null=True, blank=True, editable=False, help_text=_("times it snoozed"))
 
     objects = JobQuerySet.as_manager()
 
@@ -477,6 +479,7 @@ class MetricMinute(models.Model):
     run_seconds = models.FloatField(default=0.0, help_text=_("their run time, summed"))
     run_seconds_max = models.FloatField(default=0.0)
     wait_seconds = models.FloatField(default=0.0, help_text=_("from due to start, summed over the runs"))
+    snoozed = models.BigIntegerField(default=0, help_text=_("attempts that ended in Snooze"))
 
     class Meta:
         db_table = "rws_metrics"
@@ -501,6 +504,7 @@ class MetricTotal(models.Model):
     run_seconds = models.FloatField(default=0.0)
     run_seconds_max = models.FloatField(default=0.0)
     wait_seconds = models.FloatField(default=0.0)
+    snoozed = models.BigIntegerField(default=0)
 
     class Meta:
         db_table = "rws_metric_totals"

@@ -52,8 +52,8 @@ def test_counters_add_up_per_minute_queue_and_job_type_across_writes():
     counters.ended([job(), job(), job("mail"), job()], ["done", "dead", "retry", "lost"])
     metrics.write(store, counters.take(T, T))
     assert counters.take(T, T) == []
-    counters.give_back([[T - T % 60, "mail", "t.x", 0, 0, 0, 0, 1, 1.0, 0.0, 9.0]])  # a failed write's
-    assert counters.take(T, T) == [[T - T % 60, "mail", "t.x", 0, 0, 0, 0, 1, 1.0, 0.0, 9.0]]
+    counters.give_back([[T - T % 60, "mail", "t.x", 0, 0, 0, 0, 1, 1.0, 0.0, 0, 9.0]])  # a failed write's
+    assert counters.take(T, T) == [[T - T % 60, "mail", "t.x", 0, 0, 0, 0, 1, 1.0, 0.0, 0, 9.0]]
     counters.ended([job()], ["done"])
     counters.ran(job(), 3.0, T + 5)
     metrics.write(store, counters.take(T + 10, T + 10))  # added to the stored minute
@@ -106,6 +106,7 @@ def test_the_counters_add_up_runs_and_outcomes_as_they_come():
             runs - mail,
             0.5 * (runs - mail),
             6.0 * (runs - mail),
+            0,
             0.5,
         ],
         [
@@ -119,6 +120,7 @@ def test_the_counters_add_up_runs_and_outcomes_as_they_come():
             mail,
             2.0 + 0.5 * (mail - 1),
             6.0 * mail,
+            0,
             2.0,
         ],
     ]
@@ -140,8 +142,8 @@ def test_the_counters_keep_ended_jobs_for_few_batches_only():
     assert [r() for r in refs] == [None] * len(refs)
     minute = T - T % 60
     assert counters.take(T, T) == [
-        [minute, "default", "t.x", metrics.ENDS_FOLD_AT, 1, 0, 0, 1, 0.5, 5.0, 0.5],
-        [minute, "mail", "t.x", 0, 1, 1, 0, 0, 0, 0, 0],
+        [minute, "default", "t.x", metrics.ENDS_FOLD_AT, 1, 0, 0, 1, 0.5, 5.0, 0, 0.5],
+        [minute, "mail", "t.x", 0, 1, 1, 0, 0, 0, 0, 0, 0],
     ]
 
 
@@ -420,3 +422,11 @@ def test_the_overview_charts_the_last_hour_and_day(admin_client):
     assert "last hour, per minute: 7 done, 2 failed attempts" in page
     assert "last day, per 15 minutes: 11 done, 2 failed attempts" in page
     assert page.count('<rect class="rws-seg-failed"') == 2 and ": 7 done, 2 failed</title>" in page
+
+
+def test_snoozes_are_counted_apart_from_failures():
+    counters = metrics.Counters()
+    counters.ended([job(), job(), job()], ["snoozed", "snoozed", "retry"])
+    (row,) = counters.take(T, T)
+    values = dict(zip((*metrics.KEYS, *metrics.ADDS, *metrics.MAXES), row, strict=True))
+    assert (values["snoozed"], values["failed"], values["done"]) == (2, 1, 0)

@@ -91,8 +91,10 @@ def test_failure_is_retried_after_its_backoff_not_at_once(runs):
     assert rws.tick() is False
 
 
-@override_settings(RWS_JOBS={"BACKOFF_INITIAL": 2, "BACKOFF_MULTIPLIER": 3, "BACKOFF_MAX": 10})
-def test_backoff_grows_and_is_capped():
+@override_settings(
+    RWS_JOBS={"BACKOFF_INITIAL": 2, "BACKOFF_MULTIPLIER": 3, "BACKOFF_MAX": 10, "BACKOFF_JITTER": 0}
+)
+def test_backoff_grows_and_is_capped():  # exact: no jitter (its spread: tests/test_outcomes.py)
     assert [backoff_delay(n) for n in (1, 2, 3, 4)] == [2, 6, 10, 10]
     job_id = rws.enqueue("test.fail", "x", max_retries=5)
     for attempt, delay in [(1, 2), (2, 6), (3, 10)]:

@@ -153,8 +153,10 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
 
     @admin.display(description=_("failed runs"), ordering="attempts")
     def runs(self, obj: Job) -> str:
-        # max_retries counts retries; a job runs at most max_retries + 1 times.
-        return f"{obj.attempts} of {obj.max_retries + 1}"
+        # max_retries counts retries; a job runs at most max_retries + 1 times. Snoozes charge
+        # no attempt: shown beside them (tests/test_outcomes.py::test_the_admin_shows_snoozes).
+        runs = f"{obj.attempts} of {obj.max_retries + 1}"
+        return f"{runs}, snoozed {obj.snoozes}" if obj.snoozes else runs
 
     @admin.display(description=_("due"))
     def due_detail(self, obj: Job) -> SafeString | str:

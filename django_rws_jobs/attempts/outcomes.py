@@ -1,9 +1,10 @@
 """Recording an attempt's outcome, fenced by its claim: success (the row deleted), failure (a retry
-after its backoff, or the dead-letter list once the retries are spent), cancelled, and a lost
-worker's jobs taken back when their lease expired (``recover``). ``record`` decides which from
-what the attempt returned; ``record_or_fallback`` makes sure a value the database refuses
-still ends the attempt. Pinned by tests/test_dead_letters.py, tests/test_cancel.py and
-tests/test_faults.py."""
+after its backoff, or the dead-letter list once the retries are spent), cancelled, what its
+handler decided (a snooze, a retry after a delay, a failure for good, a cancel: decisions.py
+makes those outcomes), and a lost worker's jobs taken back when their lease expired
+(``recover``). ``record`` decides which from what the attempt returned; ``record_or_fallback``
+makes sure a value the database refuses still ends the attempt. Pinned by
+tests/test_dead_letters.py, tests/test_cancel.py, tests/test_outcomes.py and tests/test_faults.py."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from ..database import clock
 from ..database.connections import is_registered, is_transient
 from ..exceptions import cancel_message
 from ..flow.concurrency_keys import keys_of, promote
+from ..queue.backoff import backoff_delay, jittered
 from ..queue.registry import registry
 from ..queue.store import Claimed, Store
 from ..signals import job_dead
@@ -33,22 +35,14 @@ logger = logging.getLogger("django_rws_jobs")
 WORKER_LOST = "worker lost: the lease of {token!r} expired while the job was running"
 
 
-def backoff_delay(attempts: int) -> float:
-    """Seconds before retry number ``attempts`` (1 for the first): initial * multiplier**(n-1), capped."""
-    initial = float(jobs_settings.BACKOFF_INITIAL)
-    multiplier = float(jobs_settings.BACKOFF_MULTIPLIER)
-    cap = float(jobs_settings.BACKOFF_MAX)
-    try:
-        delay = initial * multiplier ** (attempts - 1)
-    except OverflowError:
-        delay = cap
-    return min(delay, cap)
-
-
-def retry_at(attempts: int, now: float | None = None) -> int:
-    """The unix second at which the retry becomes due: rounded up, so it never runs early."""
+def retry_at(attempts: int, now: float | None = None, delay: float | None = None) -> int:
+    """The unix second at which the retry becomes due: rounded up, so it never runs early.
+    ``delay``: seconds decided already (a Retry's, or the type's backoff, spread); else RWS_JOBS's
+    backoff, spread by BACKOFF_JITTER (queue/backoff.py)."""
     now = clock.now() if now is None else now
-    return math.ceil(now + backoff_delay(attempts))
+    if delay is None:
+        delay = jittered(backoff_delay(attempts), float(jobs_settings.BACKOFF_JITTER))
+    return math.ceil(now + delay)
 
 
 #: The most characters of an error message (last_error) and of a traceback that are stored. A
@@ -94,6 +88,47 @@ class Cancelled(str):
     __slots__ = ()
     #: Whether the handler ran (and was stopped): False for CancelledUnrun.
     ran = True
+    #: Whether someone asked for it (the row carries the request): False for CancelledByHandler.
+    requested = True
+
+
+class Snoozed(str):
+    """The outcome of a handler that raised ``Snooze``: the text says so for the log; the job is
+    due again after ``seconds``, its attempt not charged (``Store.snooze``)."""
+
+    seconds: float
+
+    def __new__(cls, text: str, seconds: float) -> Snoozed:
+        made = super().__new__(cls, text)
+        made.seconds = seconds
+        return made
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the process pool's child sends it to its parent
+        return (Snoozed, (str(self), self.seconds))
+
+
+class Failure(str):
+    """A failed attempt whose handler or job type decided more than RWS_JOBS's backoff: ``delay``
+    seconds before the retry (a Retry's, exact; the type's backoff, spread), or ``dead`` (Fail,
+    ``fail_on``): the dead-letter list now. The text is last_error, as a plain failure's."""
+
+    delay: float | None
+    dead: bool
+
+    def __new__(cls, text: str, delay: float | None = None, dead: bool = False) -> Failure:
+        made = super().__new__(cls, text)
+        made.delay, made.dead = delay, dead
+        return made
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Failure, (str(self), self.delay, self.dead))
+
+
+class CancelledByHandler(Cancelled):
+    """The outcome of a handler that raised ``Cancel``: the job ends cancelled, asked or not."""
+
+    __slots__ = ()
+    requested = False
 
 
 class CancelledUnrun(Cancelled):
@@ -120,10 +155,14 @@ def record(store: Store, job: Claimed, error: Any, tb: str | None, expired_befor
             return rows.record(store, job, error, expired_before)  # a cancel included (outcomes.py)
     if error is None:
         applied, outcome = store.complete(job), "done"
+    elif isinstance(error, Snoozed):
+        applied, outcome = _record_snooze(store, job, error, expired_before), "snoozed"
     else:
+        decided = error if isinstance(error, Failure) else None
         error = storable(error, ERROR_MAX)
         tb = None if tb is None else storable(tb, TRACEBACK_MAX, keep_end=True)
-        applied, outcome = _record_failure(store, job, error, tb, clock.now(store.conn.alias), expired_before)
+        now = clock.now(store.conn.alias)
+        applied, outcome = _record_failure(store, job, error, tb, now, expired_before, decided)
     if not applied:
         if outcome != "done" and record_cancel(store, job, None, None, expired_before):
             return "cancelled"  # failed (or its worker was lost) after a cancel was requested
@@ -154,13 +193,16 @@ def record_cancel(
     now = int(clock.now(store.conn.alias))
     if isinstance(error, Cancelled) and not error.ran:
         how = "before its handler ran: it carried the request when it was claimed"
+    elif isinstance(error, Cancelled) and not error.requested:
+        how = "by its handler (Cancel)"
     elif expired_before is not None:
         how = "when its lease expired (its worker was lost)"
     else:
         how = "while it ran"
     if error is None:
         error = cancel_message(None, running=True)
-    if not store.cancel_running(job, error, tb, now, expired_before):
+    requested = not isinstance(error, Cancelled) or error.requested
+    if not store.cancel_running(job, error, tb, now, expired_before, requested=requested):
         return False
     logger.warning("job %s (%s) cancelled %s", job.id, job.job_type, how)
     cancelled = job.as_job(status="cancelled", cancelled_at=now, last_error=error, traceback=tb)
@@ -171,14 +213,30 @@ def record_cancel(
     return True
 
 
+def _record_snooze(store: Store, job: Claimed, snoozed: Snoozed, expired_before: int | None) -> bool:
+    """Put a snoozed job back in the queue, due after its snooze, its attempt not charged."""
+    due = math.ceil(clock.now(store.conn.alias) + snoozed.seconds)
+    applied = store.snooze(job, due, expired_before)
+    if applied:
+        logger.info("job %s (%s) snoozed until %s", job.id, job.job_type, clock.iso(due))
+    return applied
+
+
 def _record_failure(
-    store: Store, job: Claimed, error: str, tb: str | None, now: float, expired_before: int | None
+    store: Store,
+    job: Claimed,
+    error: str,
+    tb: str | None,
+    now: float,
+    expired_before: int | None,
+    decided: Failure | None = None,
 ) -> tuple[bool, str]:
-    """Retry the failed job after its backoff, or move it to the dead-letter list once its retries
-    are spent (sending job_dead): (applied, 'retry' or 'dead')."""
+    """Retry the failed job after its backoff (or the delay its handler or type ``decided``), or
+    move it to the dead-letter list once its retries are spent or it ``decided`` so (sending
+    job_dead): (applied, 'retry' or 'dead')."""
     attempts = job.attempts + 1
-    if attempts <= job.max_retries:
-        due = retry_at(attempts, now)
+    if attempts <= job.max_retries and not (decided is not None and decided.dead):
+        due = retry_at(attempts, now, None if decided is None else decided.delay)
         applied = store.reschedule(job, attempts, error, tb, due, expired_before)
         outcome = "retry"
         if applied:

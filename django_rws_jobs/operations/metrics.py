@@ -31,14 +31,18 @@ from ..database.backends import backend_for
 logger = logging.getLogger("django_rws_jobs")
 
 KEYS = ("minute", "queue", "job_type")
-ADDS = ("done", "failed", "dead", "cancelled", "runs", "run_seconds", "wait_seconds")
+ADDS = ("done", "failed", "dead", "cancelled", "runs", "run_seconds", "wait_seconds", "snoozed")
 MAXES = ("run_seconds_max",)
+#: Where the runs' sums and longest run are in a row's values (ADDS then MAXES).
+RUNS, RUN_SECONDS, WAIT_SECONDS = (ADDS.index(c) for c in ("runs", "run_seconds", "wait_seconds"))
+LONGEST = len(ADDS) + MAXES.index("run_seconds_max")
 #: The counters an outcome adds to (failed counts failed attempts, the last one included).
 OUTCOME_COLUMNS = {
     "done": ("done",),
     "retry": ("failed",),
     "dead": ("failed", "dead"),
     "cancelled": ("cancelled",),
+    "snoozed": ("snoozed",),
 }
 #: Seconds between two writes of a worker's counters.
 FLUSH_EVERY = 1.0
@@ -153,11 +157,11 @@ class Counters:
             counted, self.counted = self.counted, Counter()
         for (queue, job_type), (n, seconds, starts, dues, longest) in folded.items():
             r = row(queue, job_type)
-            r[4] += n
-            r[5] += seconds
+            r[RUNS] += n
+            r[RUN_SECONDS] += seconds
             # Each start on the queue's clock is now - (mono - start): its wait, start - due.
-            r[6] += n * (now - mono) + starts - dues
-            r[7] = max(r[7], longest)
+            r[WAIT_SECONDS] += n * (now - mono) + starts - dues
+            r[LONGEST] = max(r[LONGEST], longest)
         for (queue, job_type, outcome), n in counted.items():
             for index in OUTCOME_INDEXES.get(outcome, ()):
                 row(queue, job_type)[index] += n

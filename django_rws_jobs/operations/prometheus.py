@@ -35,6 +35,7 @@ COUNTERS = {
     "rws_job_attempts_failed": ("failed", "Failed attempts, retried or not"),
     "rws_jobs_dead": ("dead", "Jobs moved to the dead-letter list"),
     "rws_jobs_cancelled": ("cancelled", "Running jobs cancelled"),
+    "rws_job_snoozes": ("snoozed", "Snoozes: attempts that ended in Snooze, not charged"),
     "rws_job_runs": ("runs", "Attempts whose run time is counted"),
     "rws_job_run_seconds": ("run_seconds", "Run time of those attempts, summed"),
     "rws_job_wait_seconds": ("wait_seconds", "Time from due to start of those attempts, summed"),

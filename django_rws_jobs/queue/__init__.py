@@ -1,6 +1,6 @@
 """The queue: a job as a row. Imports ``database``, ``flow`` and ``checks``.
 
-The handlers (``registry``), job ids (``ids``), the statements that claim, finish, renew, hand
+The handlers (``registry``) and their types' waits before a retry (``backoff``), job ids (``ids``), the statements that claim, finish, renew, hand
 back and recover jobs on one connection (``store``), a job's metadata as stored (``metadata``),
 a progress report as read back (``progress``), the middleware chains around enqueue and run
 (``middleware``). ``preload`` sets Django up in the process pool's fork server.

@@ -23,11 +23,14 @@ from ..database.validation import (
     text,
     timeout,
 )
+from .backoff import Backoff
 
 Handler = Callable[[str], Any]
 
-#: What @job and register() accept besides the handler.
-OPTIONS = ("queue", "priority", "max_retries", "timeout", "concurrency_limit", "schedule")
+#: What @job and register() accept besides the handler: enqueue defaults, and what the worker
+#: does with the type's failures (OUTCOME_OPTIONS, kept on the JobSpec, not passed to enqueue).
+OUTCOME_OPTIONS = ("backoff", "fail_on")
+OPTIONS = ("queue", "priority", "max_retries", "timeout", "concurrency_limit", "schedule", *OUTCOME_OPTIONS)
 #: The job_type prefix of django.tasks rows (``django.tasks:<module path>``): reserved, no handler
 #: may be registered under it (tests/test_tasks_backend.py::test_the_task_prefix_is_reserved).
 TASK_PREFIX = "django.tasks:"
@@ -56,6 +59,10 @@ class JobSpec:
     job_type: str
     func: Handler
     options: dict[str, Any] = field(default_factory=dict)
+    #: ``@job(backoff=)``: the wait before each retry of this type (backoff.py); None: RWS_JOBS's.
+    backoff: Backoff | None = None
+    #: ``@job(fail_on=)``: exceptions that fail a job of this type for good, as ``Fail`` does.
+    fail_on: tuple[type[BaseException], ...] = ()
     #: ``func`` is an ``async def`` function: the worker runs it on an event loop of its own
     #: (run.call_handler). Found once here, not at every job.
     is_async: bool = field(init=False)
@@ -90,6 +97,8 @@ class Registry:
             raise TypeError(f"the handler for job_type {job_type!r} must be callable, got {func!r}")
         _check_options(job_type, options)
         schedule = options.pop("schedule", None)
+        backoff = options.pop("backoff", None)
+        fail_on = options.pop("fail_on", ())
         with self._lock:
             existing = self._specs.get(job_type)
             if existing is not None and _unwrap(existing.func) is not _unwrap(func):
@@ -97,7 +106,7 @@ class Registry:
                     f"job_type {job_type!r} is already registered to "
                     f"{_name(existing.func)}; cannot register {_name(func)} as well"
                 )
-            self._specs[job_type] = JobSpec(job_type, func, options)
+            self._specs[job_type] = JobSpec(job_type, func, options, backoff, fail_on)
             if schedule is not None:
                 # Registering again (a re-imported module) replaces this job_type's declarations.
                 self._schedule_decls = [d for d in self._schedule_decls if d[0] != job_type]
@@ -152,8 +161,21 @@ def _check_options(job_type: str, options: dict[str, Any]) -> None:
             timeout(options["timeout"])
         if options.get("concurrency_limit") is not None:
             concurrency_limit(options["concurrency_limit"])
+        if "backoff" in options:
+            options["backoff"] = Backoff.of(options["backoff"])
+        if "fail_on" in options:
+            options["fail_on"] = exception_classes("fail_on", options["fail_on"])
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"job_type {show(job_type)}: {exc}") from None
+
+
+def exception_classes(name: str, value: Any) -> tuple[type[BaseException], ...]:
+    """``fail_on=``: an exception class or a tuple (or list) of them, as a tuple."""
+    classes = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+    for cls in classes:
+        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+            raise TypeError(f"{name} must be exception classes, got {type(cls).__name__} {show(cls)}")
+    return classes
 
 
 def _schedule_entries(job_type: str, schedule: Any) -> list[tuple[Any, Any]]:
@@ -212,7 +234,10 @@ def job(job_type: str, **options: Any) -> Callable[[Handler], Handler]:
     (seconds) its time limit, unless the job was enqueued with one; ``concurrency_limit`` how many
     jobs of this type with one ``concurrency_key`` may run at once (1 when not given);
     ``schedule="0 0 3 * * *"`` (or a dict with ``name``, ``cron``, ``payload`` and options, or a
-    list of them) declares a cron schedule that enqueues it.
+    list of them) declares a cron schedule that enqueues it. ``backoff``: the wait before each
+    retry of this type, a callable ``backoff(attempt, error) -> seconds`` (attempt 1 for the
+    first retry) or a dict of ``initial``, ``multiplier``, ``max`` and ``jitter``; ``fail_on``:
+    exception classes that fail the job for good, as ``Fail`` does.
     """
 
     def decorator(func: Handler) -> Handler:

@@ -22,6 +22,8 @@ from ..models import Status
 
 #: Prefix of the lease given to a running row found without one (a rust-web-server claim).
 RUST_CLAIM_MARKER = "seed:"
+#: Who cancelled a job whose handler raised Cancel (``cancelled_by``).
+HANDLER = "handler"
 #: What a job that goes back to the queue is set to: pending, or waiting if it has a concurrency
 #: key, its slot freed in the same statement (concurrency_keys.py).
 BACK_IN_QUEUE = (
@@ -247,17 +249,37 @@ class Store:
         )
 
     def cancel_running(
-        self, job: Claimed, error: str, tb: str | None, now: int, expired_before: int | None = None
+        self,
+        job: Claimed,
+        error: str,
+        tb: str | None,
+        now: int,
+        expired_before: int | None = None,
+        requested: bool = True,
     ) -> bool:
-        """End a held job whose cancel was requested: ``cancelled``, never retried; its unique key
-        and concurrency slot freed (cancellation.py)."""
+        """End a held job whose cancel was ``requested`` (or, not, one whose handler raised
+        Cancel: who cancelled it is then ``handler`` unless someone asked too): ``cancelled``,
+        never retried; its unique key and concurrency slot freed (cancellation.py)."""
         return self.fenced(
             "UPDATE rws_jobs SET status = 'cancelled', cancelled_at = %s, last_error = %s, traceback = %s, "
+            "cancelled_by = CASE WHEN cancel_requested_at IS NULL THEN %s ELSE cancelled_by END, "
             "unique_hash = NULL, concurrency_slot = NULL, locked_by = NULL, locked_until = NULL",
-            [now, error, tb],
+            [now, error, tb, HANDLER],
             job,
             expired_before,
-            cancel_requested=True,
+            cancel_requested=True if requested else None,
+        )
+
+    def snooze(self, job: Claimed, next_run_at: int, expired_before: int | None = None) -> bool:
+        """Put a held job back in the queue due at ``next_run_at``, its attempt not charged and
+        its snoozes counted; its unique key kept, its slot freed as a retry's (BACK_IN_QUEUE)."""
+        return self.fenced(
+            f"UPDATE rws_jobs SET {BACK_IN_QUEUE}, snoozes = COALESCE(snoozes, 0) + 1, "
+            "next_run_at = %s, locked_by = NULL, locked_until = NULL",
+            [next_run_at],
+            job,
+            expired_before,
+            cancel_requested=False,
         )
 
     def release(self, job: Claimed) -> bool:

@@ -36,6 +36,7 @@ Outcome = tuple[Claimed, "str | None", "str | None"]
 class Stats:
     done: int = 0
     retried: int = 0
+    snoozed: int = 0  # attempts its handler ended with Snooze (no attempt charged)
     dead: int = 0
     lost: int = 0
     timed_out: int = 0
@@ -69,6 +70,7 @@ class Stats:
                 attr = {
                     "done": "done",
                     "retry": "retried",
+                    "snoozed": "snoozed",
                     "dead": "dead",
                     "lost": "lost",
                     "cancelled": "cancelled",

@@ -537,3 +537,71 @@ async def report_async(payload: str) -> None:
 
     await Run.objects.acreate(kind="saved", payload=json.dumps(_trace_saved), pid=os.getpid())
     raise ValueError("asked to fail")
+
+
+def _decision(payload: str) -> None:
+    """Raise what ``payload`` names (tests/test_outcomes.py): "snooze 30", "retry 120 reason",
+    "retry", "fail reason", "cancel reason", "catch" (a Snooze caught: the handler returns),
+    "error" (a plain ValueError), "lookup" (a KeyError)."""
+    from django_rws_jobs import Cancel, Fail, Retry, Snooze
+
+    word, _, rest = payload.partition(" ")
+    if word == "snooze":
+        raise Snooze(float(rest))
+    if word == "retry":
+        delay, _, reason = rest.partition(" ")
+        raise Retry(float(delay) if delay else None, reason=reason)
+    if word == "fail":
+        raise Fail(rest)
+    if word == "cancel":
+        raise Cancel(rest)
+    if word == "catch":
+        try:
+            raise Snooze(10)
+        except Snooze:
+            return
+    if word == "lookup":
+        raise KeyError(rest)
+    raise ValueError(f"plain {rest}")
+
+
+@job("test.decide")
+def decide(payload: str) -> None:
+    _trace("decide", payload)
+    _decision(payload)
+
+
+@job("test.async_decide")
+async def async_decide(payload: str) -> None:
+    from asgiref.sync import sync_to_async
+
+    await sync_to_async(_trace)("async_decide", payload)
+    _decision(payload)
+
+
+@job("test.fail_on", fail_on=(LookupError,))
+def fails_on_lookup(payload: str) -> None:
+    _decision(payload)
+
+
+@job(
+    "test.typed_backoff",
+    backoff=lambda attempt, error: 100 * attempt + (7 if isinstance(error, KeyError) else 0),
+)
+def typed_backoff(payload: str) -> None:
+    _decision(payload)
+
+
+@job("test.dict_backoff", backoff={"initial": 50, "multiplier": 3, "jitter": 0})
+def dict_backoff(payload: str) -> None:
+    _decision(payload)
+
+
+@job("test.raising_backoff", backoff=lambda attempt, error: 1 / 0)
+def raising_backoff(payload: str) -> None:
+    _decision(payload)
+
+
+@job("test.garbage_backoff", backoff=lambda attempt, error: "soon")
+def garbage_backoff(payload: str) -> None:
+    _decision(payload)

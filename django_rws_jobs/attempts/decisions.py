@@ -1,0 +1,57 @@
+"""What a handler's exception makes of its attempt: the handler's own decision (``Snooze``,
+``Retry``, ``Fail``, ``Cancel``), its job type's (``fail_on``, ``backoff``), or a plain failure
+on RWS_JOBS's backoff. ``decide`` runs where the exception is caught (run.execute, in the
+worker's thread or the process pool's child) and turns it into an outcome that ``record``
+writes (outcomes.py) and that pickles for the child's answer.
+
+Invariants (tests/test_outcomes.py): a snooze never charges an attempt; an exact delay
+(``Retry(delay=)``) is not spread; a type's backoff that raises or returns something that is
+not a delay is logged and the job retries on RWS_JOBS's backoff: never a lost or stuck job.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+from ..exceptions import Cancel, Fail, Retry, Snooze
+from ..queue.backoff import jittered
+from ..queue.registry import JobSpec
+from ..queue.store import Claimed
+from .outcomes import TRACEBACK_MAX, CancelledByHandler, Failure, Snoozed, describe, storable
+
+logger = logging.getLogger("django_rws_jobs")
+
+
+def decide(exc: Exception, spec: JobSpec | None, job: Claimed) -> tuple[str, str | None]:
+    """The outcome (error, traceback) of an attempt whose handler raised ``exc``; call it inside
+    the ``except`` that caught it (the traceback is the one being handled)."""
+    if isinstance(exc, Snooze):
+        return Snoozed(describe(exc), exc.seconds), None
+    tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
+    if isinstance(exc, Cancel):
+        return CancelledByHandler(describe(exc)), tb
+    if isinstance(exc, Fail) or (spec is not None and spec.fail_on and isinstance(exc, spec.fail_on)):
+        return Failure(describe(exc), dead=True), tb
+    if isinstance(exc, Retry) and exc.delay is not None:
+        return Failure(describe(exc), delay=exc.delay), tb
+    if spec is not None and spec.backoff is not None:
+        return Failure(describe(exc), delay=typed_delay(spec, job, exc)), tb
+    return describe(exc), tb
+
+
+def typed_delay(spec: JobSpec, job: Claimed, exc: Exception) -> float | None:
+    """The job type's backoff before the retry after this failure, spread by its jitter; None
+    (RWS_JOBS's backoff) when the type's callable raises or returns something that is not a delay."""
+    assert spec.backoff is not None
+    try:
+        return jittered(spec.backoff.delay(job.attempts + 1, exc), spec.backoff.spread())
+    except Exception as bad:
+        logger.error(
+            "job %s (%s): its type's backoff failed (%s: %s); RWS_JOBS's backoff applies",
+            job.id,
+            job.job_type,
+            type(bad).__name__,
+            bad,
+        )
+        return None
