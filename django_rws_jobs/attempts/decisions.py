@@ -13,17 +13,27 @@ from __future__ import annotations
 
 import logging
 import traceback
+from typing import Protocol
 
 from ..exceptions import Cancel, Fail, Retry, Snooze
-from ..queue.backoff import jittered
-from ..queue.registry import JobSpec
+from ..queue.backoff import Backoff, jittered
 from ..queue.store import Claimed
 from .outcomes import TRACEBACK_MAX, CancelledByHandler, Failure, Snoozed, describe, storable
 
 logger = logging.getLogger("django_rws_jobs")
 
 
-def decide(exc: Exception, spec: JobSpec | None, job: Claimed) -> tuple[str, str | None]:
+class Decides(Protocol):
+    """What a job type says of its failures: a handler's JobSpec, a django.tasks RwsTask."""
+
+    @property
+    def backoff(self) -> Backoff | None: ...
+
+    @property
+    def fail_on(self) -> tuple[type[BaseException], ...]: ...
+
+
+def decide(exc: Exception, spec: Decides | None, job: Claimed) -> tuple[str, str | None]:
     """The outcome (error, traceback) of an attempt whose handler raised ``exc``; call it inside
     the ``except`` that caught it (the traceback is the one being handled)."""
     if isinstance(exc, Snooze):
@@ -40,7 +50,7 @@ def decide(exc: Exception, spec: JobSpec | None, job: Claimed) -> tuple[str, str
     return describe(exc), tb
 
 
-def typed_delay(spec: JobSpec, job: Claimed, exc: Exception) -> float | None:
+def typed_delay(spec: Decides, job: Claimed, exc: Exception) -> float | None:
     """The job type's backoff before the retry after this failure, spread by its jitter; None
     (RWS_JOBS's backoff) when the type's callable raises or returns something that is not a delay."""
     assert spec.backoff is not None

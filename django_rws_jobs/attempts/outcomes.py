@@ -156,7 +156,7 @@ def record(store: Store, job: Claimed, error: Any, tb: str | None, expired_befor
     if error is None:
         applied, outcome = store.complete(job), "done"
     elif isinstance(error, Snoozed):
-        applied, outcome = _record_snooze(store, job, error, expired_before), "snoozed"
+        applied, outcome = record_snooze(store, job, error, expired_before), "snoozed"
     else:
         decided = error if isinstance(error, Failure) else None
         error = storable(error, ERROR_MAX)
@@ -213,7 +213,7 @@ def record_cancel(
     return True
 
 
-def _record_snooze(store: Store, job: Claimed, snoozed: Snoozed, expired_before: int | None) -> bool:
+def record_snooze(store: Store, job: Claimed, snoozed: Snoozed, expired_before: int | None) -> bool:
     """Put a snoozed job back in the queue, due after its snooze, its attempt not charged."""
     due = math.ceil(clock.now(store.conn.alias) + snoozed.seconds)
     applied = store.snooze(job, due, expired_before)

@@ -19,8 +19,9 @@ from django.db import connections
 from ..conf import jobs_settings
 from ..database.validation import KEY_MAX, concurrency_limit, queue_name, text, timeout
 from ..queue import middleware
+from ..queue.backoff import Backoff
 from ..queue.metadata import metadata_text
-from ..queue.registry import TASK_PREFIX
+from ..queue.registry import TASK_PREFIX, exception_classes
 from . import history
 from .compat import (
     BaseTaskBackend,
@@ -46,13 +47,16 @@ class RwsTask(Task):
     ``enqueue`` returns its result instead of adding another) and ``timeout`` (seconds an attempt
     may run; None: RWS_JOBS["TIMEOUT"]), stored as the row's own limit; ``concurrency_key`` (a
     str, or a function of the task's arguments that returns one) and ``concurrency_limit`` (how
-    many tasks with one key run at once; None: 1)."""
+    many tasks with one key run at once; None: 1); ``backoff`` and ``fail_on`` as ``@job``'s
+    (docs/howto/outcomes.md)."""
 
     max_attempts: int | None = None
     unique: bool = False
     timeout: float | None = None
     concurrency_key: str | Callable[..., str] | None = None
     concurrency_limit: int | None = None
+    backoff: Backoff | None = dataclasses.field(default=None, compare=False)
+    fail_on: tuple[type[BaseException], ...] = dataclasses.field(default=(), compare=False)
     #: The metadata each enqueue of this task stores with it (``using(metadata={...})``).
     metadata: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
 
@@ -72,13 +76,17 @@ class RwsTask(Task):
         concurrency_key: str | Callable[..., str] | None = None,
         concurrency_limit: int | None = None,
         metadata: dict[str, Any] | None = None,
+        backoff: Any = None,
+        fail_on: Any = None,
     ) -> RwsTask:
         """A copy with other options (``using()`` for this backend's options)."""
-        if metadata is not None:
-            try:
+        try:
+            if metadata is not None:
                 metadata_text(metadata)
-            except (TypeError, ValueError) as exc:
-                raise InvalidTask(str(exc)) from None
+            backoff = Backoff.of(backoff)
+            fail_on = None if fail_on is None else exception_classes("fail_on", fail_on)
+        except (TypeError, ValueError) as exc:
+            raise InvalidTask(str(exc)) from None
         given: dict[str, Any] = {
             "max_attempts": max_attempts,
             "unique": unique,
@@ -86,6 +94,8 @@ class RwsTask(Task):
             "concurrency_key": concurrency_key,
             "concurrency_limit": concurrency_limit,
             "metadata": metadata,
+            "backoff": backoff,
+            "fail_on": fail_on,
         }
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
 

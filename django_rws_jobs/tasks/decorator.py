@@ -17,11 +17,13 @@ def task(
     timeout: float | None = None,
     concurrency_key: str | Callable[..., str] | None = None,
     concurrency_limit: int | None = None,
+    backoff: Any = None,
+    fail_on: Any = None,
     **options: Any,
 ) -> Any:
     """Django's ``@task`` (``priority``, ``queue_name``, ``backend``, ``takes_context``) plus
-    ``max_attempts``, ``unique``, ``timeout``, ``concurrency_key`` and ``concurrency_limit`` (see
-    RwsTask); the backend must be an RwsJobsBackend."""
+    ``max_attempts``, ``unique``, ``timeout``, ``concurrency_key``, ``concurrency_limit``,
+    ``backoff`` and ``fail_on`` (see RwsTask); the backend must be an RwsJobsBackend."""
 
     try:
         from django.tasks import task as django_task
@@ -41,6 +43,8 @@ def task(
             timeout=timeout,
             concurrency_key=concurrency_key,
             concurrency_limit=concurrency_limit,
+            backoff=backoff,
+            fail_on=fail_on,
         )
 
     return wrap(function) if function is not None else wrap

@@ -13,7 +13,17 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import transaction
 
-from ..attempts.outcomes import ERROR_MAX, record_cancel, retry_at, send_dead, storable
+from ..attempts.outcomes import (
+    ERROR_MAX,
+    CancelledByHandler,
+    Failure,
+    Snoozed,
+    record_cancel,
+    record_snooze,
+    retry_at,
+    send_dead,
+    storable,
+)
 from ..database import clock
 from ..database.backends.base import is_registered
 from ..exceptions import TIMED_OUT, JobTimeout
@@ -44,6 +54,9 @@ class TaskOutcome:
     value: str | None = None
     error: dict[str, str] | None = None
     exc: BaseException | None = None  # what the task raised, for task_finished's receivers' exc_info
+    #: What the task decided by raising Snooze, Retry, Fail or Cancel, or its type's fail_on and
+    #: backoff decided (attempts/decisions.py): a Snoozed, Failure or CancelledByHandler.
+    decision: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without ``exc`` (a process pool's child sends outcomes to the worker): not
@@ -71,8 +84,19 @@ def failure_from_text(job: Claimed, text: str) -> TaskOutcome:
 
 
 def record_task(store: Store, job: Claimed, outcome: TaskOutcome, expired_before: int | None) -> str:
-    """Write the attempt's outcome, fenced on the claim; signal the final one once committed."""
-
+    """Write the attempt's outcome, fenced on the claim; signal the final one once committed. A
+    snooze is no attempt: no history, no signal; a Cancel ends the row as an operator's cancel
+    does (tests/test_outcomes.py::test_each_decision_in_a_task)."""
+    decision = outcome.decision
+    if isinstance(decision, Snoozed):
+        if record_snooze(store, job, decision, expired_before):
+            return "snoozed"
+        decision = None  # the claim is gone, or a cancel was requested: as any failure below
+    if isinstance(decision, CancelledByHandler):
+        tb = storable(outcome.error["traceback"], 64_000, keep_end=True) if outcome.error else None
+        if record_cancel(store, job, decision, tb, expired_before):
+            return "cancelled"
+        decision = None
     if outcome.result is None:  # recovery, or a task that could not be loaded: the stored history
         past = history.load(_history_text(store, job))
         after = history.after_attempt(
@@ -83,7 +107,8 @@ def record_task(store: Store, job: Claimed, outcome: TaskOutcome, expired_before
     if outcome.error is None:
         applied, what = _succeed(store, job, outcome, after), "done"
     else:
-        applied, what = _fail(store, job, outcome, after, expired_before)
+        decided = decision if isinstance(decision, Failure) else None
+        applied, what = _fail(store, job, outcome, after, expired_before, decided)
     if not applied and what != "done" and record_cancel(store, job, None, None, expired_before):
         return "cancelled"  # it failed after a cancel was requested: not retried
     if not applied:
@@ -220,16 +245,22 @@ def _result_values(
 
 
 def _fail(
-    store: Store, job: Claimed, outcome: TaskOutcome, after: dict[str, Any], expired_before: int | None
+    store: Store,
+    job: Claimed,
+    outcome: TaskOutcome,
+    after: dict[str, Any],
+    expired_before: int | None,
+    decided: Failure | None = None,
 ) -> tuple[bool, str]:
-    """Back to pending with a backoff while attempts are left, else to the dead-letter list."""
+    """Back to pending with a backoff (or the delay the task or its type ``decided``) while
+    attempts are left, else (or when it ``decided`` so: Fail, fail_on) to the dead-letter list."""
     assert outcome.error is not None
     attempts = job.attempts + 1
     last_error = storable(outcome.error["traceback"].rstrip().rsplit("\n", 1)[-1], ERROR_MAX)
     tb = storable(outcome.error["traceback"], 64_000, keep_end=True)
     text = history.dumps(after)
-    if attempts <= job.max_retries:
-        due = retry_at(attempts, outcome.finished)
+    if attempts <= job.max_retries and not (decided is not None and decided.dead):
+        due = retry_at(attempts, outcome.finished, None if decided is None else decided.delay)
         sql = (
             f"UPDATE rws_jobs SET {BACK_IN_QUEUE}, attempts = %s, last_error = %s, traceback = %s, "
             "next_run_at = %s, task_history = %s, locked_by = NULL, locked_until = NULL"

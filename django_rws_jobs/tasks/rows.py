@@ -14,6 +14,8 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction
 from django.db import connections
 
+from ..attempts.decisions import decide
+from ..attempts.outcomes import CancelledByHandler, Failure, Snoozed
 from ..attempts.run import Returned, run_async, watching
 from ..database import clock
 from ..queue import middleware
@@ -121,14 +123,22 @@ class TaskReturned(Returned):
 
     def failed(self, exc: BaseException) -> TaskOutcome:
         result = self.result
-        logger.error(
-            "task %s (%s) failed on attempt %d",
-            self.job.id,
-            result.task.module_path,
-            result.attempts,
-            exc_info=exc,
+        # What the task decided by raising (Snooze, Retry, Fail, Cancel) or its fail_on and
+        # backoff decide (attempts/decisions.py); None for a plain failure on the backoff.
+        decision = decide(exc, result.task, self.job)[0] if isinstance(exc, Exception) else None
+        if not isinstance(decision, (Snoozed, Failure, CancelledByHandler)):
+            decision = None
+        if not isinstance(decision, Snoozed):
+            logger.error(
+                "task %s (%s) failed on attempt %d",
+                self.job.id,
+                result.task.module_path,
+                result.attempts,
+                exc_info=exc,
+            )
+        outcome = TaskOutcome(
+            result, self.started, clock.now(), error=error_of(exc), exc=exc, decision=decision
         )
-        outcome = TaskOutcome(result, self.started, clock.now(), error=error_of(exc), exc=exc)
         object.__setattr__(result, "status", framework()[0].TaskResultStatus.FAILED)
         return outcome
 

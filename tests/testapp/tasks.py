@@ -131,3 +131,24 @@ def report_then_fail(steps: int) -> None:
     for i in range(steps):
         ctx.progress(i + 1, 4, f"step {i + 1}")
     raise RuntimeError("asked to fail")
+
+
+@rws_task(max_attempts=4, fail_on=(LookupError,), backoff={"initial": 40, "jitter": 0})
+def decide(payload: str) -> str:
+    """Raises what ``payload`` names (jobs._decision), else returns it."""
+    from .jobs import _decision
+
+    _trace("task-decide", payload)
+    _decision(payload)
+    return payload
+
+
+@rws_task(max_attempts=4)
+async def async_decide(payload: str) -> str:
+    from asgiref.sync import sync_to_async
+
+    from .jobs import _decision
+
+    await sync_to_async(_trace)("task-async-decide", payload)
+    _decision(payload)
+    return payload
