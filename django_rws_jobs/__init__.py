@@ -122,11 +122,14 @@ def failed_jobs(limit: int = 100, *, using: str | None = None) -> list[Job]:
     return _failed(limit, using=using)
 
 
-def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
-    """Put a failed job back in the queue, due now (or at ``now``), attempts reset."""
+def retry(
+    job_id: str, *, using: str | None = None, now: int | None = None, payload: str | None = None
+) -> bool:
+    """Put a failed job back in the queue, due now (or at ``now``), attempts reset; with
+    ``payload``, that payload instead of its own."""
     from .api.dead_letters import retry as _retry  # (loads the models)
 
-    return _retry(job_id, using=using, now=now)
+    return _retry(job_id, using=using, now=now, payload=payload)
 
 
 def delete(job_id: str, *, using: str | None = None) -> bool:

@@ -328,3 +328,33 @@ def test_every_page_shows_the_same_links(page, live_server):
         page.goto(live_server.url + reverse(f"admin:django_rws_jobs_{url_name}"))
         shown = [text.strip() for text in page.locator("ul.object-tools a").all_text_contents()]
         assert shown == [n for n in pages if n != name], (name, shown)
+
+
+def test_an_operator_edits_a_dead_payload_and_reschedules_jobs(page, live_server):
+    (dead,) = dead_jobs("order 9")
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/failedjob/{dead}/change/")
+    page.fill("#rws-payload", "order 9, fixed\nsecond line")
+    page.click("input[type=submit][value='Retry with this payload']")
+    page.wait_for_selector(".messagelist")
+    assert "Retried 1 dead job with the edited payload" in page.locator(".messagelist").inner_text()
+    job = Job.objects.get(id=dead)
+    assert (job.status, job.payload) == ("pending", "order 9, fixed\nsecond line")
+
+    waiting = rws.enqueue("test.record", "later", run_in=600)
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/job/")
+    page.check(f"input[name=_selected_action][value='{waiting}']")
+    page.select_option("select[name=action]", "reschedule_selected")
+    page.click("button[name=index]")
+    page.wait_for_selector("#rws_due")
+    page.fill("#rws_due", "2031-01-02T03:04:05")
+    page.click("input[type=submit][value='Reschedule']")
+    page.wait_for_selector(".messagelist")
+    assert "1 job is due at 2031-01-02 03:04:05 UTC." in page.locator(".messagelist").inner_text()
+    assert Job.objects.get(id=waiting).next_run_at == 1925089445
+
+    page.check(f"input[name=_selected_action][value='{waiting}']")
+    page.select_option("select[name=action]", "run_now_selected")
+    page.click("button[name=index]")
+    page.wait_for_selector(".messagelist")
+    assert "1 job is due now." in page.locator(".messagelist").inner_text()
+    assert Job.objects.get(id=waiting).next_run_at <= time.time() + 1

@@ -331,3 +331,112 @@ def test_the_admin_shows_snoozes(admin_client):
     assert "0 of 4, snoozed 2" in page
     listing = admin_client.get(reverse("admin:django_rws_jobs_job_changelist")).content.decode()
     assert "0 of 4, snoozed 2" in listing
+
+
+# ---- the operator's decisions (the admin) ----------------------------------------------------
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]] if response.context else []
+
+
+def admin_post(client, url: str, data: dict):
+    return client.post(url, data, follow=True)
+
+
+def test_run_now_and_reschedule(admin_client):
+    from django.urls import reverse
+
+    jobs_url = reverse("admin:django_rws_jobs_job_changelist")
+    snoozed, _, _ = run_one("test.decide", "snooze 3600")
+    later = rws.enqueue("test.record", "later", run_in=7200)
+    done = rws.enqueue("test.decide", "fail x")
+    rws.tick()  # done is dead now; the others wait
+    response = admin_post(
+        admin_client,
+        jobs_url,
+        {"action": "run_now_selected", "index": "0", "_selected_action": [snoozed.id, later, done]},
+    )
+    assert messages_of(response) == [
+        "2 jobs are due now.",
+        "1 job was left as it is: it is running or has ended.",
+    ]
+    assert all(j.next_run_at <= clock.now() + 1 for j in Job.objects.filter(id__in=[snoozed.id, later]))
+    assert Job.objects.get(id=done).status == "failed"
+    # Reschedule: a page asks for the time, then the jobs move to it.
+    ask = admin_client.post(
+        jobs_url, {"action": "reschedule_selected", "index": "0", "_selected_action": [snoozed.id, later]}
+    )
+    page = ask.content.decode()
+    assert ask.status_code == 200 and 'name="rws_due"' in page and page.count('name="_selected_action"') == 2
+    data = {"action": "reschedule_selected", "index": "0", "_selected_action": [snoozed.id, later]}
+    bad = admin_post(admin_client, jobs_url, {**data, "rws_due": "tomorrow"})
+    assert messages_of(bad)[0].startswith("'tomorrow' is not a date and time (YYYY-MM-DD HH:MM, in UTC)")
+    assert 'name="rws_due"' in bad.content.decode()  # asked again, nothing moved
+    moved = admin_post(admin_client, jobs_url, {**data, "rws_due": "2031-01-02T03:04"})
+    assert messages_of(moved) == ["2 jobs are due at 2031-01-02 03:04:00 UTC."]
+    assert set(Job.objects.filter(id__in=[snoozed.id, later]).values_list("next_run_at", flat=True)) == {
+        1925089440  # 2031-01-02 03:04 UTC
+    }
+
+
+def test_run_now_needs_the_change_permission(django_user_model):
+    from django.urls import reverse
+
+    from tests.test_admin import staff
+
+    job_id = rws.enqueue("test.record", "x", run_in=600)
+    viewer = staff(django_user_model, "viewer", "view_job")
+    jobs_url = reverse("admin:django_rws_jobs_job_changelist")
+    page = viewer.get(jobs_url).content.decode()
+    assert "run_now_selected" not in page and "reschedule_selected" not in page
+    viewer.post(jobs_url, {"action": "run_now_selected", "index": "0", "_selected_action": [job_id]})
+    assert Job.objects.get(id=job_id).next_run_at > clock.now() + 500  # not moved
+    mover = staff(django_user_model, "mover", "view_job", "change_job")
+    assert "run_now_selected" in mover.get(jobs_url).content.decode()
+
+
+def test_a_dead_jobs_payload_is_edited_and_retried(admin_client, django_user_model):
+    from django.urls import reverse
+
+    from tests.test_admin import staff
+
+    job, _, _ = run_one("test.decide", "fail bad input")
+    page_url = reverse("admin:django_rws_jobs_failedjob_change", args=[job.id])
+    page = admin_client.get(page_url).content.decode()
+    assert "Retry with this payload" in page and "fail bad input</textarea>" in page
+    retry_url = reverse("admin:django_rws_jobs_failedjob_retry", args=[job.id])
+    viewer = staff(django_user_model, "viewer", "view_failedjob")
+    assert "Retry with this payload" not in viewer.get(page_url).content.decode()
+    assert viewer.post(retry_url, {"payload": "catch"}).status_code == 403
+    response = admin_post(admin_client, retry_url, {"payload": "catch\r\n"})
+    assert messages_of(response) == ["Retried 1 dead job with the edited payload; it is due now."]
+    job.refresh_from_db()
+    assert (job.status, job.payload, job.attempts) == ("pending", "catch\n", 0)
+    again = admin_post(admin_client, retry_url, {"payload": "other"})
+    assert "was not retried and its payload is unchanged" in messages_of(again)[0]
+    assert Job.objects.get(id=job.id).payload == "catch\n"
+
+
+def test_every_dead_job_a_search_shows_is_retried_not_only_the_page(admin_client):
+    from django.urls import reverse
+
+    dead_url = reverse("admin:django_rws_jobs_failedjob_changelist")
+    for i in range(5):
+        rws.enqueue("test.decide", f"fail timeout {i}")
+    for i in range(3):
+        rws.enqueue("test.decide", f"fail quota {i}")
+    while rws.tick():
+        pass
+    listed = admin_client.get(dead_url, {"q": "quota"}).content.decode()
+    assert listed.count('name="_selected_action"') == 3
+    response = admin_post(
+        admin_client,
+        f"{dead_url}?q=quota",
+        {"action": "retry_selected", "index": "0", "select_across": "1", "_selected_action": ["x"]},
+    )
+    assert messages_of(response)[0] == "Retried 3 dead jobs; they are due now."
+    assert sorted(Job.objects.filter(status="pending").values_list("payload", flat=True)) == [
+        f"fail quota {i}" for i in range(3)
+    ]
+    assert Job.objects.filter(status="failed").count() == 5

@@ -28,6 +28,8 @@ __all__ = ["LOG_EACH", "FailedJobAdmin"]
 class FailedJobAdmin(DeadLetterActions, JobDisplay):
     list_display = ("id", "job_type", "queue", "failed", "error", "runs")
     list_filter = (QueueFilter, JobTypeFilter)
+    # By error text too: a filtered list's "select all" retries or deletes every job it shows.
+    search_fields = ("id", "job_type", "unique_key", "last_error")
     # Newest last attempt first: the due index's order (status, next_run_at, priority) walked
     # backwards within status = 'failed', so that a page of 100,000 dead jobs reads a page's
     # worth instead of sorting them all by failed_at, which no index holds (an index of its own
@@ -89,14 +91,19 @@ class FailedJobAdmin(DeadLetterActions, JobDisplay):
         return [path("<path:object_id>/retry/", retry, name="{}_{}_retry".format(*info)), *super().get_urls()]
 
     def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """The detail page's Retry button: a POST with CSRF, like the actions."""
+        """The detail page's Retry button, and its "Retry with this payload" form (``payload``):
+        a POST with CSRF, like the actions."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         if not self.may_retry(request):
             raise PermissionDenied
         job_id = unquote(object_id)  # the URL holds the admin-quoted id, as Django's own views get it
         refuse_nul(request, job_id)
-        self.retry_jobs(request, [job_id])
+        payload = request.POST.get("payload")
+        if payload is None:
+            self.retry_jobs(request, [job_id])
+        else:
+            self.retry_with_payload(request, job_id, payload.replace("\r\n", "\n"))
         return HttpResponseRedirect(
             reverse("admin:django_rws_jobs_failedjob_changelist", current_app=self.admin_site.name)
         )

@@ -119,6 +119,26 @@ class DeadLetterActions(DeadLetterReports):
             )
         self.report_gone(request, vanished)
 
+    def retry_with_payload(self, request: HttpRequest, job_id: str, payload: str) -> None:
+        """Retry one dead job with the payload the operator edited (its page's form), in one
+        transaction: the new payload only if it goes back in the queue."""
+        retried = dead_letters.retry(job_id, using=queue_alias(), payload=payload)
+        if retried:
+            self.log_jobs(request, CHANGE, [job_id])
+            self.message_user(
+                request, _("Retried 1 dead job with the edited payload; it is due now."), messages.SUCCESS
+            )
+            return
+        self.message_user(
+            request,
+            _(
+                "Job %(id)s was not retried and its payload is unchanged: it has left the "
+                "dead-letter list, or a pending or running job of its type holds its unique key."
+            )
+            % {"id": job_id},
+            messages.WARNING,
+        )
+
     # ---- delete ----------------------------------------------------------------------------
 
     @admin.action(permissions=["delete"], description=gettext_lazy("Delete selected dead jobs"))

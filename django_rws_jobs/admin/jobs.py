@@ -34,6 +34,7 @@ from .common import (
     short_text,
     time_cell,
 )
+from .job_actions import JobMoves
 from .paginators import CappedCountPaginator
 from .tasks import TASK_FIELDS, TaskFields
 from .waits import waits_for
@@ -318,7 +319,7 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
         (_("Claim"), {"fields": ("locked_by", "lease_detail"), "classes": ("collapse",)}),
     )
     readonly_fields = (*(f for _title, opts in fieldsets for f in opts["fields"]), *TASK_FIELDS)
-    search_fields = ("id", "job_type", "unique_key")
+    search_fields: tuple[str, ...] = ("id", "job_type", "unique_key")
     # Counting the whole table a second time for "N results (M total)" is slow on big queues.
     show_full_result_count = False
     list_per_page = 50
@@ -331,7 +332,7 @@ CANCEL_MAX = 10_000
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
+class JobAdmin(JobMoves, ReadOnlyAdminMixin, JobDisplay):
     """Every job, view only: jobs change through the queue's API, the worker and the dead-letter list."""
 
     list_display = ("id", "job_type", "status", "queue", "runs", "progress_bar", "due", "created", "error")
@@ -342,7 +343,7 @@ class JobAdmin(ReadOnlyAdminMixin, JobDisplay):
     # (tests/test_admin_input.py::test_the_jobs_list_reads_no_more_rows_than_it_shows).
     ordering = ("status", "next_run_at", "priority", "id")
     paginator = CappedCountPaginator
-    actions = ["cancel_selected"]
+    actions = ["cancel_selected", "run_now_selected", "reschedule_selected"]
     change_list_template = "django_rws_jobs/admin/job_change_list.html"
     change_form_template = "django_rws_jobs/admin/job_change_form.html"
 

@@ -12,7 +12,7 @@ from django.db.models import Case, QuerySet, Value, When
 from ..database import clock
 from ..database.backends import backend_for
 from ..database.connections import queue_alias
-from ..database.validation import INT64_MAX, show
+from ..database.validation import INT64_MAX, show, text
 from ..database.validation import integer as _int
 from ..database.validation import job_id as _job_id
 from ..models import Job, Status
@@ -35,14 +35,18 @@ def back_in_queue() -> Case:
     )
 
 
-def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> bool:
-    """Put a failed or cancelled job back, due now with attempts reset; one enqueued with
+def retry(
+    job_id: str, *, using: str | None = None, now: int | None = None, payload: str | None = None
+) -> bool:
+    """Put a failed or cancelled job back, due now with attempts reset, with ``payload`` instead of
+    its own when given (an operator's fix of what made it fail); one enqueued with
     ``after`` goes back to blocked and is decided again from what it waits for now
     (dependency_outcomes.rewait). False if there is no failed or cancelled job ``job_id``, or if a
     pending or running job already holds its unique key."""
     job_id = _job_id(job_id)
     alias = queue_alias(using)
     now = int(clock.now(alias)) if now is None else _int("now", now, 0, INT64_MAX)
+    changes = {} if payload is None else {"payload": text("payload", payload, empty=True)}
     with transaction.atomic(using=alias):
         job = _by_id(alias, job_id).select_for_update().filter(status__in=ENDED).first()
         if job is None:
@@ -68,6 +72,7 @@ def retry(job_id: str, *, using: str | None = None, now: int | None = None) -> b
                         cancel_requested_at=None,
                         cancelled_at=None,
                         cancelled_by=None,
+                        **changes,
                     )
                 )
             if changed:
