@@ -58,3 +58,15 @@ def rows(payload: str) -> None:
 @job("bench.rows_progress")
 def rows_progress(payload: str) -> None:
     _rows(payload, report=True)
+
+
+@job("bench.snooze")
+def snooze(payload: str) -> None:
+    from django_rws_jobs import Snooze
+
+    raise Snooze(3600)
+
+
+@job("bench.fail")
+def fail(payload: str) -> None:
+    raise ValueError("bench")
