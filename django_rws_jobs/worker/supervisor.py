@@ -420,12 +420,12 @@ class Worker:
         self._unregister()
         stats = shared.stats
         logger.info(
-            "worker stopped: %d done, %d retried, %d snoozed, %d dead, %d results dropped, "
+            "worker stopped: %d done, %d retried, %d dead, %d snoozed, %d results dropped, "
             "%d timed out, %d threads abandoned, %d child processes lost mid-job",
             stats.done,
             stats.retried,
-            stats.snoozed,
             stats.dead,
+            stats.snoozed,
             stats.lost,
             stats.timed_out,
             stats.abandoned,
