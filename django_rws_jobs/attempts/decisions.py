@@ -33,21 +33,28 @@ class Decides(Protocol):
     def fail_on(self) -> tuple[type[BaseException], ...]: ...
 
 
-def decide(exc: Exception, spec: Decides | None, job: Claimed) -> tuple[str, str | None]:
-    """The outcome (error, traceback) of an attempt whose handler raised ``exc``; call it inside
-    the ``except`` that caught it (the traceback is the one being handled)."""
+def decide(exc: Exception, spec: Decides | None, job: Claimed) -> str:
+    """The outcome (the error ``record`` gets) of an attempt whose handler raised ``exc``."""
     if isinstance(exc, Snooze):
-        return Snoozed(describe(exc), exc.seconds), None
-    tb = storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
+        return Snoozed(describe(exc), exc.seconds)
     if isinstance(exc, Cancel):
-        return CancelledByHandler(describe(exc)), tb
+        return CancelledByHandler(describe(exc))
     if isinstance(exc, Fail) or (spec is not None and spec.fail_on and isinstance(exc, spec.fail_on)):
-        return Failure(describe(exc), dead=True), tb
+        return Failure(describe(exc), dead=True)
     if isinstance(exc, Retry) and exc.delay is not None:
-        return Failure(describe(exc), delay=exc.delay), tb
+        return Failure(describe(exc), delay=exc.delay)
     if spec is not None and spec.backoff is not None:
-        return Failure(describe(exc), delay=typed_delay(spec, job, exc)), tb
-    return describe(exc), tb
+        return Failure(describe(exc), delay=typed_delay(spec, job, exc))
+    return describe(exc)
+
+
+def decided(exc: Exception, spec: Decides | None, job: Claimed) -> tuple[str, str | None]:
+    """``decide``'s outcome and the traceback being handled (none for a snooze, no error); call
+    it inside the ``except`` that caught ``exc``."""
+    outcome = decide(exc, spec, job)
+    if isinstance(outcome, Snoozed):
+        return outcome, None
+    return outcome, storable(traceback.format_exc(), TRACEBACK_MAX, keep_end=True)
 
 
 def typed_delay(spec: Decides, job: Claimed, exc: Exception) -> float | None:

@@ -25,7 +25,7 @@ from ..queue.registry import registry
 from ..queue.store import Claimed, Store
 from ..running.context import current_job, inline, running
 from ..workflows.batch_outcomes import settle
-from .decisions import decide
+from .decisions import decided
 from .outcomes import (
     TRACEBACK_MAX,
     CancelledUnrun,
@@ -269,7 +269,7 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
             if handlers is not None:
                 handlers.outcome = SUCCEEDED
     except Exception as exc:
-        outcome = decide(exc, spec, job)  # a plain failure, or what the handler or its type decided
+        outcome = decided(exc, spec, job)  # a plain failure, or what the handler or its type decided
     finally:
         running.reset(token)
         try:

@@ -15,6 +15,7 @@ from django.db import transaction
 
 from ..attempts.outcomes import (
     ERROR_MAX,
+    TRACEBACK_MAX,
     CancelledByHandler,
     Failure,
     Snoozed,
@@ -93,7 +94,7 @@ def record_task(store: Store, job: Claimed, outcome: TaskOutcome, expired_before
             return "snoozed"
         decision = None  # the claim is gone, or a cancel was requested: as any failure below
     if isinstance(decision, CancelledByHandler):
-        tb = storable(outcome.error["traceback"], 64_000, keep_end=True) if outcome.error else None
+        tb = storable(outcome.error["traceback"], TRACEBACK_MAX, keep_end=True) if outcome.error else None
         if record_cancel(store, job, decision, tb, expired_before):
             return "cancelled"
         decision = None
@@ -257,7 +258,7 @@ def _fail(
     assert outcome.error is not None
     attempts = job.attempts + 1
     last_error = storable(outcome.error["traceback"].rstrip().rsplit("\n", 1)[-1], ERROR_MAX)
-    tb = storable(outcome.error["traceback"], 64_000, keep_end=True)
+    tb = storable(outcome.error["traceback"], TRACEBACK_MAX, keep_end=True)
     text = history.dumps(after)
     if attempts <= job.max_retries and not (decided is not None and decided.dead):
         due = retry_at(attempts, outcome.finished, None if decided is None else decided.delay)

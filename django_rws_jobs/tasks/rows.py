@@ -125,7 +125,7 @@ class TaskReturned(Returned):
         result = self.result
         # What the task decided by raising (Snooze, Retry, Fail, Cancel) or its fail_on and
         # backoff decide (attempts/decisions.py); None for a plain failure on the backoff.
-        decision = decide(exc, result.task, self.job)[0] if isinstance(exc, Exception) else None
+        decision = decide(exc, result.task, self.job) if isinstance(exc, Exception) else None
         if not isinstance(decision, (Snoozed, Failure, CancelledByHandler)):
             decision = None
         if not isinstance(decision, Snoozed):
