@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import Cancel, Fail, JobCancelled, JobTimeout, Retry, Snooze
+from .exceptions import Cancel, Fail, JobCancelled, JobInterrupted, JobTimeout, Retry, Snooze
 from .queue.progress import Progress
 from .queue.registry import job, register
 from .running.context import JobContext, current_job
@@ -48,6 +48,7 @@ __all__ = [
     "Progress",
     "JobTimeout",
     "JobCancelled",
+    "JobInterrupted",
     "Snooze",
     "Retry",
     "Fail",
@@ -123,13 +124,19 @@ def failed_jobs(limit: int = 100, *, using: str | None = None) -> list[Job]:
 
 
 def retry(
-    job_id: str, *, using: str | None = None, now: int | None = None, payload: str | None = None
+    job_id: str,
+    *,
+    using: str | None = None,
+    now: int | None = None,
+    payload: str | None = None,
+    restart: bool = False,
 ) -> bool:
     """Put a failed job back in the queue, due now (or at ``now``), attempts reset; with
-    ``payload``, that payload instead of its own."""
+    ``payload``, that payload instead of its own. A long job resumes from its checkpoint;
+    ``restart=True`` clears it, so the job starts from the beginning."""
     from .api.dead_letters import retry as _retry  # (loads the models)
 
-    return _retry(job_id, using=using, now=now, payload=payload)
+    return _retry(job_id, using=using, now=now, payload=payload, restart=restart)
 
 
 def delete(job_id: str, *, using: str | None = None) -> bool:

@@ -89,6 +89,7 @@ RULES: dict[str, tuple[str, Callable[[Any], bool], str]] = {
         "rws_jobs.E028",
         *_bounded("an integer number of bytes", 2, 16 * 2**20, integer=True),
     ),
+    "CHECKPOINT_INTERVAL": ("rws_jobs.E032", *_bounded(SECONDS, 0, 3600, above=True)),
     "MIDDLEWARE": ("rws_jobs.E029", lambda v: _middleware_paths(v), "a list of dotted paths to classes"),
     "OTEL_PARENT": ("rws_jobs.E030", lambda v: v in ("link", "child"), '"link" or "child"'),
     "POOLER": (

@@ -67,6 +67,9 @@ DEFAULTS: dict[str, Any] = {
     "METADATA_MAX_BYTES": 65536,
     # The most bytes of JSON a batch member may keep with current_job().record(value).
     "OUTPUT_MAX_BYTES": 65536,
+    # Seconds between two writes of a running job's saved cursors (current_job().iterate): a
+    # kill -9 loses at most this much of a long job's progress (running/checkpoints.py).
+    "CHECKPOINT_INTERVAL": 5,
     # Seconds a finished or cancelled batch's row is kept (counts, outcome) before a worker prunes it.
     "BATCH_RETENTION": 7 * 86400,
     # Classes around enqueuing and running jobs, outermost first (queue/middleware.py).

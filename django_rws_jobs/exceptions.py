@@ -39,6 +39,14 @@ def cancel_message(by: str | None, running: bool) -> str:
     return f"{CANCELLED}cancelled{who} {'while it ran' if running else 'before it ran'}"
 
 
+class JobInterrupted(BaseException):
+    """Raised in a handler by ``current_job().iterate`` at an item boundary once its worker was
+    asked to stop (SIGTERM, SIGINT), after the loop's cursor is saved; a handler that loops on its
+    own may raise it when it sees ``current_job().stopping``. The job is handed back: pending
+    again, its attempt not charged, ``Job.resumptions`` counted; its next claim resumes from its
+    checkpoint. A BaseException, as JobCancelled: ``except Exception`` does not swallow it."""
+
+
 #: The longest delay a handler may ask for (Snooze, Retry): a year, as RWS_JOBS["BACKOFF_MAX"].
 DELAY_MAX = 365 * 86400
 

@@ -146,6 +146,15 @@ class Job(models.Model):
     progress_at = models.FloatField(null=True, blank=True, editable=False, help_text=_("unix seconds"))
     # Times its handler raised Snooze (attempts/outcomes.py): a snooze charges no attempt.
     snoozes = models.IntegerField(null=True, blank=True, editable=False, help_text=_("times it snoozed"))
+    # A long job's saved state (running/checkpoints.py): its steps' results and its loops' cursors,
+    # written only by its claim's holder (fenced on locked_by); the times it was handed back at a
+    # worker's stop and resumed. Both ours, nullable: the Rust crate neither reads nor writes them.
+    checkpoint = models.TextField(
+        null=True, blank=True, editable=False, help_text=_("JSON: steps' results and loops' cursors")
+    )
+    resumptions = models.IntegerField(
+        null=True, blank=True, editable=False, help_text=_("times it was handed back at a stop")
+    )
 
     objects = JobQuerySet.as_manager()
 

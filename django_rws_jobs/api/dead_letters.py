@@ -36,17 +36,25 @@ def back_in_queue() -> Case:
 
 
 def retry(
-    job_id: str, *, using: str | None = None, now: int | None = None, payload: str | None = None
+    job_id: str,
+    *,
+    using: str | None = None,
+    now: int | None = None,
+    payload: str | None = None,
+    restart: bool = False,
 ) -> bool:
     """Put a failed or cancelled job back, due now with attempts reset, with ``payload`` instead of
-    its own when given (an operator's fix of what made it fail); one enqueued with
+    its own when given (an operator's fix of what made it fail). A long job resumes from its
+    checkpoint (its saved steps and cursors); ``restart=True`` clears it, so the job starts from
+    the beginning (running/checkpoints.py). One enqueued with
     ``after`` goes back to blocked and is decided again from what it waits for now
     (dependency_outcomes.rewait). False if there is no failed or cancelled job ``job_id``, or if a
     pending or running job already holds its unique key."""
     job_id = _job_id(job_id)
     alias = queue_alias(using)
     now = int(clock.now(alias)) if now is None else _int("now", now, 0, INT64_MAX)
-    changes = {} if payload is None else {"payload": text("payload", payload, empty=True)}
+    changes: dict[str, Any] = {} if payload is None else {"payload": text("payload", payload, empty=True)}
+    changes.update(_restarted(restart))
     with transaction.atomic(using=alias):
         job = _by_id(alias, job_id).select_for_update().filter(status__in=ENDED).first()
         if job is None:
@@ -149,8 +157,15 @@ def _by_id(alias: str, job_id: str) -> QuerySet[Job]:
 RETRY_BATCH = 1000
 
 
+def _restarted(restart: bool) -> dict[str, Any]:
+    """The changes that start a retried job from the beginning: no checkpoint, no resumptions."""
+    if not isinstance(restart, bool):
+        raise TypeError(f"restart must be True or False, got {show(restart)}")
+    return {"checkpoint": None, "resumptions": None} if restart else {}
+
+
 def retry_many(
-    job_ids: Iterable[str], *, using: str | None = None, now: int | None = None
+    job_ids: Iterable[str], *, using: str | None = None, now: int | None = None, restart: bool = False
 ) -> tuple[list[str], list[str]]:
     """``retry`` for many jobs, a few statements per batch of ids instead of several per job.
 
@@ -160,14 +175,14 @@ def retry_many(
     """
     retried: list[str] = []
     blocked: list[str] = []
-    for done, held in retry_batches(job_ids, using=using, now=now):
+    for done, held in retry_batches(job_ids, using=using, now=now, restart=restart):
         retried += done
         blocked += held
     return retried, blocked
 
 
 def retry_batches(
-    job_ids: Iterable[str], *, using: str | None = None, now: int | None = None
+    job_ids: Iterable[str], *, using: str | None = None, now: int | None = None, restart: bool = False
 ) -> Iterator[tuple[list[str], list[str]]]:
     """``retry_many`` a batch at a time: each batch's (retried, blocked) once it has committed,
     so that a caller knows what the batches before a failure did. The ids are checked here, before
@@ -178,7 +193,10 @@ def retry_batches(
     alias = queue_alias(using)
     now = int(clock.now(alias)) if now is None else now
     size = _retry_batch_size(connections[alias])
-    return (_retry_batch(alias, ids[start : start + size], now) for start in range(0, len(ids), size))
+    changes = _restarted(restart)
+    return (
+        _retry_batch(alias, ids[start : start + size], now, changes) for start in range(0, len(ids), size)
+    )
 
 
 def _retry_batch_size(conn: Any) -> int:
@@ -187,7 +205,9 @@ def _retry_batch_size(conn: Any) -> int:
     return RETRY_BATCH if limit is None else max(min(RETRY_BATCH, limit // 3), 1)
 
 
-def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[str]]:
+def _retry_batch(
+    alias: str, ids: list[str], now: int, changes: dict[str, Any]
+) -> tuple[list[str], list[str]]:
     """One batch of retry_many, in one transaction: lock the failed rows, leave out those whose
     unique key another row holds, put the rest back in one UPDATE. Pinned by
     tests/test_admin_input.py::test_retry_all_takes_a_bounded_number_of_queries."""
@@ -225,6 +245,7 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
                     locked_until=None,
                     failed_at=None,
                     task_history=None,  # a retried task starts a new history, as attempts do
+                    **changes,
                 )
                 store = Store(connections[alias])
                 reopen_members(store, retried)
@@ -233,12 +254,14 @@ def _retry_batch(alias: str, ids: list[str], now: int) -> tuple[list[str], list[
         except IntegrityError:
             # A key was taken since the look above (an enqueue that committed meanwhile): one by
             # one, as retry() does, which tells which.
-            return _retry_each(alias, retried, blocked, now)
+            return _retry_each(alias, retried, blocked, now, bool(changes))
     return retried, blocked
 
 
-def _retry_each(alias: str, ids: list[str], blocked: list[str], now: int) -> tuple[list[str], list[str]]:
+def _retry_each(
+    alias: str, ids: list[str], blocked: list[str], now: int, restart: bool
+) -> tuple[list[str], list[str]]:
     retried: list[str] = []
     for job_id in ids:
-        (retried if retry(job_id, using=alias, now=now) else blocked).append(job_id)
+        (retried if retry(job_id, using=alias, now=now, restart=restart) else blocked).append(job_id)
     return retried, blocked

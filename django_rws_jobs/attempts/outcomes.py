@@ -107,6 +107,14 @@ class Snoozed(str):
         return (Snoozed, (str(self), self.seconds))
 
 
+class Interrupted(str):
+    """The outcome of a handler stopped by JobInterrupted (``iterate`` at the worker's stop, or
+    the handler's own): the job goes back to the queue unchanged but for ``resumptions`` (its
+    attempt not charged), and resumes from its checkpoint (``Store.release``)."""
+
+    __slots__ = ()
+
+
 class Failure(str):
     """A failed attempt whose handler or job type decided more than RWS_JOBS's backoff: ``delay``
     seconds before the retry (a Retry's, exact; the type's backoff, spread), or ``dead`` (Fail,
@@ -141,7 +149,7 @@ class CancelledUnrun(Cancelled):
 
 def record(store: Store, job: Claimed, error: Any, tb: str | None, expired_before: int | None = None) -> str:
     """Write the outcome, fenced on the claim; return what happened ('done', 'retry', 'dead',
-    'cancelled', 'lost').
+    'cancelled', 'snoozed', 'interrupted', 'lost').
 
     A row runner's row (a django.tasks row) is recorded by its runner, a failure and recovery's
     error text included (tests/test_tasks_worker.py)."""
@@ -149,6 +157,15 @@ def record(store: Store, job: Claimed, error: Any, tb: str | None, expired_befor
         if record_cancel(store, job, error, tb, expired_before):
             return "cancelled"
         error = str(error)  # the row carries no request (or the claim is gone): what it is, a failure
+    if isinstance(error, Interrupted) and expired_before is None:
+        if store.release(job, resumed=True):
+            logger.info(
+                "job %s (%s) handed back: %s; it resumes from its checkpoint", job.id, job.job_type, error
+            )
+            return "interrupted"
+        if record_cancel(store, job, None, None):
+            return "cancelled"  # its cancel was requested: it does not go back to the queue
+        return _lost(job, "interrupted")
     if error is not None:
         rows = registry.row_runner(job.job_type)
         if rows is not None:

@@ -19,7 +19,7 @@ from django.db import close_old_connections, connections
 
 from ..database import clock
 from ..database.connections import thread_connected
-from ..exceptions import cancel_message
+from ..exceptions import JobInterrupted, cancel_message
 from ..queue import middleware
 from ..queue.registry import registry
 from ..queue.store import Claimed, Store
@@ -29,6 +29,7 @@ from .decisions import decided
 from .outcomes import (
     TRACEBACK_MAX,
     CancelledUnrun,
+    Interrupted,
     asked_to_cancel,
     describe,
     record_or_fallback,
@@ -268,6 +269,8 @@ def execute(job: Claimed) -> tuple[Any, str | None]:
             failed = False
             if handlers is not None:
                 handlers.outcome = SUCCEEDED
+    except JobInterrupted as exc:  # iterate() at the worker's stop, or the handler's own: handed back
+        outcome = Interrupted(describe(exc)), None
     except Exception as exc:
         outcome = decided(exc, spec, job)  # a plain failure, or what the handler or its type decided
     finally:

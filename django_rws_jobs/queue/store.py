@@ -282,10 +282,12 @@ class Store:
             cancel_requested=False,
         )
 
-    def release(self, job: Claimed) -> bool:
-        """Hand a job back unrun (graceful shutdown): pending (or waiting) again, no attempt charged."""
+    def release(self, job: Claimed, resumed: bool = False) -> bool:
+        """Hand a job back (graceful shutdown): pending (or waiting) again, no attempt charged;
+        ``resumed``: its handler had started, and ``resumptions`` counts it."""
+        counted = ", resumptions = COALESCE(resumptions, 0) + 1" if resumed else ""
         return self.fenced(
-            f"UPDATE rws_jobs SET {BACK_IN_QUEUE}, locked_by = NULL, locked_until = NULL",
+            f"UPDATE rws_jobs SET {BACK_IN_QUEUE}, locked_by = NULL, locked_until = NULL{counted}",
             [],
             job,
             cancel_requested=False,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import threading
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from ..conf import jobs_settings
 from ..database.validation import json_without_nul, show, text
 from ..database.validation import text as _text
 from ..queue.metadata import metadata_text
+from . import checkpoints
+from .checkpoints import Checkpoint, stop_requested
 
 if TYPE_CHECKING:
     from ..api.batches import Batch
@@ -47,6 +50,7 @@ serving: ContextVar[str | None] = ContextVar("rws_serving_alias", default=None)
 inline: ContextVar[bool] = ContextVar("rws_inline_reports", default=False)
 
 T = TypeVar("T")
+logger = logging.getLogger("django_rws_jobs")
 
 #: The longest progress message, in characters.
 MESSAGE_MAX = 1000
@@ -61,12 +65,14 @@ class JobContext:
     __slots__ = (
         "_alias",
         "_batch_row",
+        "_checkpoint",
         "_claim",
         "_inline",
         "_metadata",
         "_progress",
         "_queued",
         "_saved",
+        "_stop",
         "_token",
         "_written",
         "attempt",
@@ -96,6 +102,8 @@ class JobContext:
         self._progress: tuple[Any, Any, Any] | None = None  # the latest report
         self._queued = False  # the report waits in the writer (reports.Writer)
         self._written: tuple[Any, Any, Any] | None = None  # the report the writer last wrote
+        self._checkpoint: Checkpoint | None = None  # loaded at the first use (checkpoints.py)
+        self._stop = stop_requested.get()  # the worker's stop, which ``stopping`` reports
 
     def __repr__(self) -> str:
         return (
@@ -218,12 +226,9 @@ class JobContext:
             writer(self._alias).queue(self)
 
     def _write_inline(self) -> None:
-        from .reports import PROGRESS_SQL, direct, progress_text  # (loads the models)
+        from .reports import direct, write_job  # (loads the models)
 
-        report = self._progress
-        assert report is not None
-        direct(self._alias, PROGRESS_SQL, [progress_text(report), _now(self._alias), self.id, self._token])
-        self._written = report
+        write_job(lambda sql, params: direct(self._alias, sql, params), self, _now(self._alias))
 
     def save_metadata(self) -> bool:
         """Write ``metadata`` now, with the latest progress, outside the handler's transaction,
@@ -232,32 +237,28 @@ class JobContext:
         for metadata that is not JSON or is over METADATA_MAX_BYTES."""
 
         text = metadata_text(self.metadata)
+        applied, in_transaction = self._write_now(text, metadata=True, what="save_metadata()")
+        if applied and not in_transaction:  # (a rolled back save is made again at the attempt's end)
+            self._saved = text
+        return applied
+
+    def _write_now(self, text: str | None, metadata: bool, what: str) -> tuple[bool, bool]:
+        """Write the metadata ``text`` (with ``metadata``), the latest progress and the changed
+        checkpoint now and wait: (whether the claim held, whether the write went through the
+        handler's own open transaction)."""
         if self._inline is None:
             self._inline = _in_memory(self._alias)
         in_transaction = not self._inline and _holds_sqlite_write_lock(self._alias)
         if self._inline or in_transaction:
             if _on_the_loop():
-                raise self._seen_by_its_thread_only("save_metadata()", "await asave_metadata()")
-            from .reports import SAVE_SQL, direct, progress_text  # (loads the models)
+                raise self._seen_by_its_thread_only(what, "await asave_metadata()" if metadata else None)
+            from .reports import direct, write_job  # (loads the models)
 
-            report = self._progress
-            params = [
-                text,
-                None if report is None else progress_text(report),
-                _now(self._alias),
-                self.id,
-                self._token,
-            ]
-            applied = direct(self._alias, SAVE_SQL, params)
-            if applied:
-                self._written = report
-        else:
-            from .reports import writer  # (loads the models)
+            run = lambda sql, params: direct(self._alias, sql, params)  # noqa: E731
+            return write_job(run, self, _now(self._alias), text, metadata), in_transaction
+        from .reports import writer  # (loads the models)
 
-            applied = writer(self._alias).save(self, text)
-        if applied and not in_transaction:  # (a rolled back save is made again at the attempt's end)
-            self._saved = text
-        return applied
+        return writer(self._alias).save(self, text, metadata=metadata), False
 
     async def asave_metadata(self) -> bool:
         """``save_metadata()`` for an ``async def`` handler: the wait runs in the handler's thread
@@ -268,10 +269,11 @@ class JobContext:
 
     def _end(self, failed: bool = False) -> None:
         """The attempt is over: save its metadata if the handler changed it; write its unwritten
-        progress if it ``failed`` (the row stays: it shows where the attempt stopped), else drop
-        it. TypeError or ValueError for changed metadata that cannot be saved (the attempt fails
-        with it). A stop that lands in a success's save (a JobTimeout, a JobCancelled) ends it
-        again as failed, writing only what is not written yet, and goes on
+        progress and checkpoint if it ``failed`` or was handed back (the row stays: it shows where
+        the attempt stopped, and the next attempt resumes there), else drop them. TypeError or
+        ValueError for changed metadata that cannot be saved (the attempt fails with it). A stop
+        that lands in a success's save (a JobTimeout, a JobCancelled) ends it again as failed,
+        writing only what is not written yet, and goes on
         (tests/test_reports.py::test_a_stopped_attempt_keeps_its_metadata_and_last_progress)."""
         try:
             changed = False
@@ -282,11 +284,14 @@ class JobContext:
                 from .reports import writer  # (loads the models)
 
                 writer(self._alias).forget(self)
+            unwritten = self._progress is not self._written or (
+                self._checkpoint is not None and self._checkpoint.writable()
+            )
             if changed:
-                self.save_metadata()  # and the latest progress
-            elif failed and self._progress is not self._written and self._inline:
+                self.save_metadata()  # and the latest progress, and the checkpoint
+            elif failed and unwritten and self._inline:
                 self._write_inline()  # a report an async def handler made on its event loop
-            elif failed and self._progress is not self._written:
+            elif failed and unwritten:
                 # Not known to be written: it was queued, or the writer took it and may be writing
                 # it now (the save waits for that round). The failure is recorded after this
                 # write, so the fence still holds (tests/test_reports.py
@@ -300,6 +305,85 @@ class JobContext:
             if not failed:
                 self._end(failed=True)
             raise
+
+    # -- long jobs (checkpoints.py) ---------------------------------------------------------------
+
+    def iterate(self, items: Any, *, by: str = "pk", name: str | None = None) -> Any:
+        """The items of ``items`` after this job's saved cursor, for a ``for`` loop: ``items`` is
+        a QuerySet ordered by ``by`` (a unique field, the primary key by default), read a page at
+        a time, or a function ``items(cursor)`` that yields (cursor, item) pairs from ``cursor``
+        (None the first time). An item's cursor is saved once the loop's body for it has
+        returned; when the worker is asked to stop, the loop raises JobInterrupted at the next
+        item and the job is handed back, its attempt not charged, to resume there. A QuerySet's
+        loop reports progress (done of its count). ``name`` keys the loop's cursor (by default
+        its order among this attempt's loops: "iterate-1", ...). Pinned by tests/test_long_jobs.py."""
+        return checkpoints.iterate(self, items, by, name)
+
+    def step(self, name: str, fn: Callable[..., Any], *args: Any, atomic: bool = False, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` run at most once to success for this job: its result (JSON, at
+        most OUTPUT_MAX_BYTES) is saved before it is returned, and a later attempt returns the
+        saved result without calling ``fn``. ``atomic=True``: ``fn`` runs in a transaction on the
+        queue's database that also saves the result, fenced by the claim, so its writes to that
+        database commit exactly once. Steps are matched by ``name``; two in one attempt is an
+        error. The result returned is the saved JSON's value (a tuple comes back a list)."""
+        return checkpoints.step(self, name, fn, args, kwargs, atomic)
+
+    @property
+    def stopping(self) -> bool:
+        """True once the worker running this job was asked to stop (SIGTERM, SIGINT): a handler
+        that loops on its own saves what it needs and raises JobInterrupted to be handed back."""
+        stop = self._stop
+        return stop is not None and stop.is_set()
+
+    @property
+    def checkpoint(self) -> dict[str, Any]:
+        """What is saved for this job, a copy: {"steps": {name: result}, "cursors": {loop:
+        cursor}, "finished": [loop, ...]}."""
+        return self._loaded_checkpoint().view()
+
+    def _loaded_checkpoint(self) -> Checkpoint:
+        if self._checkpoint is None:
+            saved = self._off_the_loop("checkpoint", self._read_checkpoint)
+            self._checkpoint = Checkpoint(saved, self.id)
+        return self._checkpoint
+
+    def _read_checkpoint(self) -> Any:
+        with connections[self._alias].cursor() as c:
+            c.execute("SELECT checkpoint FROM rws_jobs WHERE id = %s", [self.id])
+            row = c.fetchone()
+        return None if row is None else row[0]
+
+    def _report_soon(self) -> None:
+        """Have the progress and changed checkpoint written at the writer's next round (or now,
+        through the handler's connection, where only it sees the row)."""
+        if self._inline_writes():
+            if not _on_the_loop():
+                self._write_inline()
+        elif not self._queued:
+            self._queued = True
+            from .reports import writer  # (loads the models)
+
+            writer(self._alias).queue(self)
+
+    def _save_checkpoint(self, what: str) -> None:
+        """Write the changed checkpoint now and wait (a step's result)."""
+        applied, _ = self._write_now(None, metadata=False, what=what)
+        if not applied:
+            logger.warning(
+                "job %s: %s's result was not saved (this attempt no longer holds its claim, or the "
+                "write failed): a later attempt runs it again",
+                self.id,
+                what,
+            )
+
+    def _inline_writes(self) -> bool:
+        if self._inline is None:
+            self._inline = _in_memory(self._alias)
+        return bool(self._inline)
+
+    @staticmethod
+    def _on_loop() -> bool:
+        return _on_the_loop()
 
     def record(self, value: Any) -> bool:
         """Keep ``value`` (JSON, at most OUTPUT_MAX_BYTES of it) as this batch member's output,

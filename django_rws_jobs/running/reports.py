@@ -12,6 +12,8 @@ process and database, on a connection of its own (``Writer``), never through the
 - Coalesced: progress is written at most once every ``INTERVAL`` seconds, the latest value of each
   job, however often a handler reports it (test_progress_in_a_tight_loop_costs_a_few_writes).
   ``save_metadata()`` is written at once and waits for its write.
+- A long job's checkpoint (checkpoints.py) rides in the same UPDATE as its progress, when it
+  changed: a loop's cursors cost no write of their own.
 
 A job claimed inside a transaction of the caller's (``tick()`` in an ``atomic()`` block or a
 TestCase), or on an in-memory SQLite database, has its writes made through the caller's own
@@ -25,8 +27,10 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import DatabaseError, connections
 
@@ -36,6 +40,9 @@ from ..database.deadline import watch
 from ..database.validation import job_id as _job_id
 from ..queue.progress import Progress, parse_progress
 
+if TYPE_CHECKING:
+    from .checkpoints import Checkpoint
+
 logger = logging.getLogger("django_rws_jobs")
 
 #: Seconds between two writes of progress (the latest value of each job that reported one).
@@ -44,12 +51,6 @@ INTERVAL = 1.0
 IDLE_CLOSE = 5.0
 #: Seconds ``save_metadata()`` waits for its write at most.
 SAVE_WAIT = 60.0
-
-PROGRESS_SQL = "UPDATE rws_jobs SET progress = %s, progress_at = %s WHERE id = %s AND locked_by = %s"
-SAVE_SQL = (
-    "UPDATE rws_jobs SET metadata = %s, progress = COALESCE(%s, progress), "
-    "progress_at = COALESCE(%s, progress_at) WHERE id = %s AND locked_by = %s"
-)
 
 
 def progress_text(report: tuple[Any, Any, Any]) -> str:
@@ -78,12 +79,55 @@ class Reporting(Protocol):
     _progress: tuple[Any, Any, Any] | None  # the latest report
     _queued: bool  # the report waits in the writer
     _written: tuple[Any, Any, Any] | None  # the report the writer last wrote
+    _checkpoint: Checkpoint | None  # its steps' results and loops' cursors, once used
+
+
+def write_job(
+    execute: Callable[[str, list[Any]], bool],
+    job: Reporting,
+    at: float,
+    text: str | None = None,
+    metadata: bool = False,
+) -> bool:
+    """One UPDATE, fenced on the claim, of what ``job`` has to write: its latest progress, its
+    metadata ``text`` (with ``metadata``), its checkpoint if it changed and may be written
+    (checkpoints.Checkpoint.writable, read and written under its lock). Whether the claim held;
+    True when there was nothing to write."""
+    report = job._progress
+    sets: list[str] = []
+    params: list[Any] = []
+    if report is not None:
+        sets.append("progress = %s, progress_at = %s")
+        params += [progress_text(report), at]
+    if metadata:
+        sets.append("metadata = %s")
+        params.append(text)
+    ck = job._checkpoint
+    with ck.lock if ck is not None else nullcontext():
+        with_checkpoint = ck is not None and ck.writable()
+        if with_checkpoint:
+            assert ck is not None
+            ck.dirty = False  # before the snapshot: a cursor moved after it marks it again
+            sets.append("checkpoint = %s")
+            params.append(ck.text())
+        if not sets:
+            return True
+        applied = execute(
+            f"UPDATE rws_jobs SET {', '.join(sets)} WHERE id = %s AND locked_by = %s",
+            [*params, job.id, job._token],
+        )
+        if with_checkpoint and not applied:
+            assert ck is not None
+            ck.dirty = True
+    if applied and report is not None:
+        job._written = report
+    return applied
 
 
 @dataclass
 class Save:
     """A ``save_metadata()`` waiting for its write; with ``metadata`` False, a write of the latest
-    progress alone (a failed attempt's, at its end)."""
+    progress and checkpoint alone (a failed attempt's, at its end; a step's result)."""
 
     job: Reporting
     text: str | None
@@ -122,8 +166,8 @@ class Writer:
         job._queued = False
 
     def save(self, job: Reporting, text: str | None, metadata: bool = True) -> bool:
-        """Write ``job``'s metadata (``text``) and its latest progress now, or with ``metadata``
-        False its latest progress alone; whether its claim held."""
+        """Write ``job``'s metadata (``text``), its latest progress and its changed checkpoint now,
+        or with ``metadata`` False its progress and checkpoint alone; whether its claim held."""
         request = Save(job, text, metadata)
         with self.lock:
             self.saves.append(request)
@@ -171,22 +215,10 @@ class Writer:
         at = clock.now(self.alias)
         saved = {id(s.job) for s in saves}
         for request in saves:
-            if request.metadata:
-                report = request.job._progress
-                request.applied = self._execute(SAVE_SQL, save_params(request.job, request.text, at))
-                if request.applied and report is not None:
-                    request.job._written = report
-            elif request.job._progress is not None:
-                report = request.job._progress
-                params = [progress_text(report), at, request.job.id, request.job._token]
-                request.applied = self._execute(PROGRESS_SQL, params)
-                if request.applied:
-                    request.job._written = report
+            request.applied = write_job(self._execute, request.job, at, request.text, request.metadata)
         for job in jobs:
-            report = job._progress
-            if report is not None and id(job) not in saved:
-                if self._execute(PROGRESS_SQL, [progress_text(report), at, job.id, job._token]):
-                    job._written = report
+            if id(job) not in saved:
+                write_job(self._execute, job, at)
 
     def _execute(self, sql: str, params: list[Any]) -> bool:
         if self.conn is None:
@@ -213,13 +245,6 @@ class Writer:
                 conn.close()
             except DatabaseError:
                 pass
-
-
-def save_params(job: Reporting, text: str | None, at: float) -> list[Any]:
-    report = job._progress
-    if report is None:
-        return [text, None, None, job.id, job._token]
-    return [text, progress_text(report), at, job.id, job._token]
 
 
 def direct(alias: str, sql: str, params: list[Any]) -> bool:

@@ -18,6 +18,7 @@ from ..attempts.decisions import decide
 from ..attempts.outcomes import CancelledByHandler, Failure, Snoozed
 from ..attempts.run import Returned, run_async, watching
 from ..database import clock
+from ..exceptions import JobInterrupted
 from ..queue import middleware
 from ..queue.registry import TASK_PREFIX
 from ..queue.store import Claimed, Store
@@ -95,6 +96,8 @@ def run_task(job: Claimed) -> TaskOutcome:
             call = lambda: func(*call_args, **result.kwargs)  # noqa: E731
         executors = middleware.chains()[1]
         value = middleware.around(executors, current_job(), call) if executors else call()
+    except JobInterrupted:
+        raise  # not the task's failure: the job is handed back (attempts/run.py execute)
     except BaseException as exc:  # noqa: BLE001  (every failure is the task's, as Django records it)
         return returned.failed(exc)
     returned.value = value

@@ -17,8 +17,11 @@ import operator
 import os
 import pickle
 import resource
+import select
 import signal
 import sys
+import threading
+import time
 import traceback
 import types
 from multiprocessing.connection import Connection
@@ -27,6 +30,7 @@ from typing import Any
 from ..attempts.outcomes import describe
 from ..attempts.run import Watch, execute, watch
 from ..queue.store import Claimed
+from ..running.checkpoints import StopFlag, stop_requested
 from ..running.context import serving
 
 #: A job's fields in order, to send it as a tuple (a tuple of plain values pickles faster than
@@ -93,7 +97,9 @@ class Child:
     def __init__(self, alias: str) -> None:
         ctx = _context()
         self.conn, theirs = ctx.Pipe()
-        self.process = ctx.Process(target=serve, args=(theirs, alias), name="rws-child", daemon=True)
+        self.process = ctx.Process(
+            target=serve, args=(theirs, alias, os.getpid()), name="rws-child", daemon=True
+        )
         self.process.start()
         theirs.close()
         self.jobs = 0  # jobs this child has run
@@ -165,6 +171,12 @@ class _Running:
 
 
 _running = _Running()
+#: Set by SIGUSR1: the worker is stopping (current_job().stopping; iterate hands its job back).
+_stopping = StopFlag()
+
+
+def _ask_to_stop(signum: int, frame: Any) -> None:
+    _stopping.set()
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -178,15 +190,18 @@ def _terminate(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def serve(conn: Connection, alias: str) -> None:
+def serve(conn: Connection, alias: str, worker_pid: int) -> None:
     """The child: run the jobs the parent sends until it sends None or goes away; ``alias`` is
-    the queue's database (current_job() reads and writes it)."""
+    the queue's database (current_job() reads and writes it); ``worker_pid``, the worker's."""
     os.setpgrp()  # a Ctrl-C or a group-wide signal reaches the worker only, which decides
+    _die_with_the_worker(worker_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGUSR1, _ask_to_stop)
     from django.db import connections  # (Django is set up: the fork server imported preload.py)
 
     serving.set(alias)
+    stop_requested.set(_stopping)
     watch(_running.handlers)
     code = 0
     try:
@@ -210,6 +225,33 @@ def serve(conn: Connection, alias: str) -> None:
     finally:
         connections.close_all()
         os._exit(code)
+
+
+def _die_with_the_worker(worker_pid: int) -> None:
+    """End this child at once (as a ``kill -9`` would) when the worker that started it is gone,
+    a ``kill -9`` of the worker included: an orphaned child would run its job on while another
+    worker takes the job over and resumes it
+    (tests/test_long_jobs.py::test_kill_9_mid_loop_resumes_from_a_recent_cursor). A thread waits
+    on the worker's pidfd (Linux), or looks every second where there is none."""
+
+    def wait() -> None:
+        try:
+            fd = os.pidfd_open(worker_pid)
+        except ProcessLookupError:
+            os._exit(1)
+        except (AttributeError, OSError):
+            while True:
+                time.sleep(1.0)
+                try:
+                    os.kill(worker_pid, 0)
+                except ProcessLookupError:
+                    os._exit(1)
+                except PermissionError:
+                    pass
+        select.select([fd], [], [])
+        os._exit(1)
+
+    threading.Thread(target=wait, name="rws-child-orphan-watch", daemon=True).start()
 
 
 def _peak_mb() -> float:

@@ -15,6 +15,7 @@ from ..attempts.run import Watch, close_stale_connections, execute, watch
 from ..conf import jobs_settings
 from ..exceptions import JobCancelled, cancel_message
 from ..queue.store import Claimed
+from ..running.checkpoints import stop_requested
 from ..running.context import serving
 from .shared import Shared
 from .timeouts import Watchdog, async_raise, timeout_for
@@ -72,6 +73,7 @@ class Executor:
         ident = threading.get_ident()
         watch(self.handlers)
         serving.set(self.shared.alias)  # current_job()'s database in this thread's handlers
+        stop_requested.set(self.shared.interrupt)  # current_job().stopping in them
         self.shared.executors[ident] = self
         try:
             while self.run_once():

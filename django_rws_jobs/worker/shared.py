@@ -20,6 +20,7 @@ from ..database import clock
 from ..flow.concurrency_keys import keys_of, promote
 from ..operations.metrics import Counters
 from ..queue.store import Claimed
+from ..running.checkpoints import StopFlag
 from ..workflows.batch_outcomes import settle
 from .reconnect import Connection
 
@@ -37,6 +38,7 @@ class Stats:
     done: int = 0
     retried: int = 0
     snoozed: int = 0  # attempts its handler ended with Snooze (no attempt charged)
+    interrupted: int = 0  # jobs handed back at the stop by iterate or JobInterrupted
     dead: int = 0
     lost: int = 0
     timed_out: int = 0
@@ -71,6 +73,7 @@ class Stats:
                     "done": "done",
                     "retry": "retried",
                     "snoozed": "snoozed",
+                    "interrupted": "interrupted",
                     "dead": "dead",
                     "lost": "lost",
                     "cancelled": "cancelled",
@@ -147,6 +150,9 @@ class Shared:
         self.alias = alias
         self.threads = threads
         self.stop = threading.Event()  # stop claiming
+        # Running jobs are asked to stop (current_job().stopping; iterate hands its job back):
+        # set by Worker.stop (a signal, the parent gone), not by a worker that stops by itself.
+        self.interrupt = StopFlag()
         self.wake = threading.Event()  # a hint that jobs may be due: look now
         self.cond = threading.Condition()
         self.free = threads
@@ -219,14 +225,17 @@ class Shared:
             self.results.put((job, None, None))
 
     def hand_back(self, jobs: list[Claimed], why: str) -> None:
-        """Release claimed jobs without charging an attempt (fenced on their claim)."""
+        """Release claimed jobs without charging an attempt (fenced on their claim); one whose
+        handler runs counts a resumption."""
         holder = Connection(self.alias)
+        with self.held_lock:
+            started = {id(job) for job in self.executing.values()}
         try:
             released = []
             cancelled = []
             for job in jobs:
                 try:
-                    if holder.store().release(job):
+                    if holder.store().release(job, resumed=id(job) in started):
                         released.append(job)
                         logger.warning("job %s (%s) handed back: %s", job.id, job.job_type, why)
                     elif record_cancel(holder.store(), job, None, None):  # its cancel was requested

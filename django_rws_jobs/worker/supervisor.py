@@ -140,6 +140,12 @@ class Worker:
         return self.shared.exit_code
 
     def stop(self) -> None:
+        """Stop as on SIGTERM: claim no more, ask running jobs to stop (current_job().stopping,
+        iterate's hand-back: in the process pool's children too, by SIGUSR1), let the others
+        finish within SHUTDOWN_TIMEOUT."""
+        self.shared.interrupt.set()
+        if self.pool is not None:
+            self.pool.kill_all(signal.SIGUSR1)
         self.shared.stop_all()
 
     def install_signal_handlers(self) -> None:
@@ -420,12 +426,13 @@ class Worker:
         self._unregister()
         stats = shared.stats
         logger.info(
-            "worker stopped: %d done, %d retried, %d dead, %d snoozed, %d results dropped, "
-            "%d timed out, %d threads abandoned, %d child processes lost mid-job",
+            "worker stopped: %d done, %d retried, %d dead, %d snoozed, %d handed back to resume, "
+            "%d results dropped, %d timed out, %d threads abandoned, %d child processes lost mid-job",
             stats.done,
             stats.retried,
             stats.dead,
             stats.snoozed,
+            stats.interrupted,
             stats.lost,
             stats.timed_out,
             stats.abandoned,

@@ -3,6 +3,7 @@
 import json
 import os
 import time
+from pathlib import Path
 
 from django_rws_jobs import current_job, job
 from django_rws_jobs.signals import job_dead
@@ -605,3 +606,134 @@ def raising_backoff(payload: str) -> None:
 @job("test.garbage_backoff", backoff=lambda attempt, error: "soon")
 def garbage_backoff(payload: str) -> None:
     _decision(payload)
+
+
+# -- long jobs (tests/test_long_jobs.py) ---------------------------------------------------------
+
+
+def _long_args(payload: str) -> dict:
+    return json.loads(payload)
+
+
+def _item_body(args: dict, key: int) -> None:
+    """An item's work: its trace, then a failure or a pause as the payload asks; a file named by
+    ``started`` tells the test that items are being worked on."""
+    ctx = current_job()
+    _trace("item", f"{args['label']}:{key}")
+    if args.get("started"):
+        Path(args["started"]).touch()
+    if key == args.get("fail_at") and ctx.attempt == 1:
+        raise ValueError(f"item {key} failed")
+    time.sleep(args.get("sleep", 0))
+
+
+@job("test.long_rows", max_retries=3)
+def long_rows(payload: str) -> None:
+    """Payload JSON: label, group, sleep, fail_at, started: each Item of the group, by pk."""
+    from .models import Item
+
+    args = _long_args(payload)
+    for item in current_job().iterate(Item.objects.filter(group=args["group"]).order_by("pk")):
+        _item_body(args, item.pk)
+    _trace("long_done", args["label"])
+
+
+@job("test.long_rows_dead", max_retries=0)
+def long_rows_dead(payload: str) -> None:
+    long_rows(payload)
+
+
+@job("test.long_produced", max_retries=3)
+def long_produced(payload: str) -> None:
+    """Payload JSON: label, count, sleep, fail_at, started: numbers 0..count-1 from a function."""
+    args = _long_args(payload)
+
+    def numbers(cursor):
+        for n in range(0 if cursor is None else cursor, args["count"]):
+            yield n + 1, n
+
+    for n in current_job().iterate(numbers):
+        _item_body(args, n)
+    _trace("long_done", args["label"])
+
+
+@job("test.own_loop", max_retries=3)
+def own_loop(payload: str) -> None:
+    """Payload JSON: label, chunks, sleep, started: a loop of its own, each chunk a step; at the
+    worker's stop it raises JobInterrupted."""
+    from django_rws_jobs import JobInterrupted
+
+    args = _long_args(payload)
+    ctx = current_job()
+    for n in range(args["chunks"]):
+        if ctx.stopping:
+            raise JobInterrupted("stopping between chunks")
+        ctx.step(f"chunk-{n}", _item_body, args, n)
+    _trace("long_done", args["label"])
+
+
+@job("test.steps", max_retries=3)
+def steps(payload: str) -> None:
+    """Charge, then a receipt that fails on the first attempt: the charge runs once."""
+    ctx = current_job()
+    charged = ctx.step("charge", lambda: _trace("charge", payload) or {"charged": payload})
+    if ctx.attempt == 1:
+        raise ValueError("the receipt could not be sent")
+    ctx.step("receipt", _trace, "receipt", charged["charged"])
+
+
+@job("test.atomic_step", max_retries=3)
+def atomic_step(payload: str) -> None:
+    """Payload JSON: name, marker, when ("before_commit" or "after_commit"): an atomic step writes
+    an Effect; on the first attempt the handler touches ``marker`` and sleeps there, for the test
+    to kill the worker between the step's write and its commit, or after its commit."""
+    from .models import Effect
+
+    args = _long_args(payload)
+    ctx = current_job()
+
+    def effect():
+        Effect.objects.create(name=args["name"])
+        if ctx.attempt == 1 and args["when"] == "before_commit":
+            Path(args["marker"]).touch()
+            time.sleep(600)
+        return args["name"]
+
+    ctx.step("effect", effect, atomic=True)
+    if ctx.attempt == 1 and args["when"] == "after_commit":
+        Path(args["marker"]).touch()
+        time.sleep(600)
+    _trace("long_done", args["name"])
+
+
+def _bad_use(case: str) -> None:
+    from .models import Item
+
+    ctx = current_job()
+    items = Item.objects.all()
+    if case == "step_not_json":
+        ctx.step("s", lambda: object())
+    elif case == "step_too_big":
+        ctx.step("s", lambda: "x" * 70_000)
+    elif case == "unordered":
+        list(ctx.iterate(items.order_by("-pk")))
+    elif case == "not_unique":
+        list(ctx.iterate(items.order_by("number"), by="number"))
+    elif case == "sliced":
+        list(ctx.iterate(items.order_by("pk")[:5]))
+    elif case == "cursor_not_json":
+        list(ctx.iterate(lambda cursor: iter([(object(), 1)])))
+    elif case == "two_steps":
+        ctx.step("s", lambda: 1)
+        ctx.step("s", lambda: 2)
+    elif case == "two_loops":
+        list(ctx.iterate(items.order_by("pk"), name="rows"))
+        list(ctx.iterate(items.order_by("pk"), name="rows"))
+    elif case == "not_iterable":
+        ctx.iterate(42)
+
+
+@job("test.long_bad", max_retries=0)
+def long_bad(payload: str) -> None:
+    """Payload: a misuse of iterate or step (tests/test_long_jobs.py)."""
+    _bad_use(payload)
