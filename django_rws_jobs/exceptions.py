@@ -46,6 +46,10 @@ class JobInterrupted(BaseException):
     again, its attempt not charged, ``Job.resumptions`` counted; its next claim resumes from its
     checkpoint. A BaseException, as JobCancelled: ``except Exception`` does not swallow it."""
 
+    def __init__(self, reason: str = "") -> None:
+        self.reason = str(reason)
+        super().__init__(self.reason)
+
 
 #: The longest delay a handler may ask for (Snooze, Retry): a year, as RWS_JOBS["BACKOFF_MAX"].
 DELAY_MAX = 365 * 86400

@@ -150,6 +150,7 @@ NOT_NAMES = {
     ("rws_batch_members", "outcome"): "a fixed vocabulary of lowercase words",
     ("rws_batch_outputs", "value"): "JSON, read whole",
     ("rws_jobs", "progress"): "JSON, read whole",
+    ("rws_jobs", "checkpoint"): "JSON, read whole",
     ("rws_job_dependencies", "policy"): "a fixed vocabulary of lowercase words",
     ("rws_job_dependencies", "outcome"): "a fixed vocabulary of lowercase words",
 }

@@ -255,6 +255,39 @@ def test_a_job_raising_job_interrupted_is_handed_back_uncharged():
     assert Job.objects.get(id=job_id).resumptions == 2
 
 
+def test_the_admin_shows_the_checkpoint_and_resumptions(admin_client):
+    from django.urls import reverse
+
+    job_id = rws.enqueue("tests.long.interrupts", "")
+    assert rws.tick()
+    page = admin_client.get(reverse("admin:django_rws_jobs_job_change", args=[job_id])).content.decode()
+    assert "0 of 4, resumed 1" in page
+    assert "&quot;before&quot;: &quot;saved&quot;" in page  # the checkpoint, indented JSON
+    listing = admin_client.get(reverse("admin:django_rws_jobs_job_changelist")).content.decode()
+    assert "0 of 4, resumed 1" in listing
+
+
+def test_the_admin_retries_a_dead_long_job_from_the_beginning(admin_client):
+    from django.urls import reverse
+
+    from tests.test_outcomes import admin_post, messages_of
+
+    pks = make_items(4)
+    job_id = rws.enqueue("test.long_rows_dead", json.dumps({"label": "x", "group": "g", "fail_at": pks[2]}))
+    assert rws.tick()
+    assert saved(job_id)["cursors"] == {"iterate-1": pks[1]}
+    response = admin_post(
+        admin_client,
+        reverse("admin:django_rws_jobs_failedjob_changelist"),
+        {"action": "restart_selected", "index": "0", "_selected_action": [job_id]},
+    )
+    assert messages_of(response) == [
+        "Retried 1 dead job from the beginning, its checkpoint cleared; it is due now."
+    ]
+    job = Job.objects.get(id=job_id)
+    assert (job.status, job.checkpoint, job.attempts) == ("pending", None, 0)
+
+
 def test_rust_sees_a_long_job_as_a_plain_row():
     pks = make_items(5)
     job_id = rws.enqueue("test.long_rows", json.dumps({"label": "r", "group": "g", "fail_at": pks[2]}))

@@ -39,7 +39,7 @@ class FailedJobAdmin(DeadLetterActions, JobDisplay):
     # (tests/test_admin_input.py::test_the_dead_letter_list_walks_the_due_index).
     ordering = ("-next_run_at", "-priority", "-id")
     paginator = TimedCountPaginator
-    actions = ("retry_selected", "delete_selected")
+    actions = ("retry_selected", "restart_selected", "delete_selected")
     change_list_template = "django_rws_jobs/admin/failedjob_change_list.html"
     change_form_template = "django_rws_jobs/admin/failedjob_change_form.html"
 

@@ -77,9 +77,22 @@ class DeadLetterActions(DeadLetterReports):
         if not present and not gone:
             self.message_user(request, _("No dead job was retried: the list is empty."), messages.WARNING)
 
-    def retry_jobs(self, request: HttpRequest, ids: list[str]) -> None:
+    @admin.action(
+        permissions=["change"], description=gettext_lazy("Retry selected dead jobs from the beginning")
+    )
+    def restart_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> None:
+        """Retry the selected jobs with their checkpoints cleared: a long job starts over instead
+        of resuming (tests/test_long_jobs.py::test_the_admin_retries_a_dead_long_job_from_the_beginning)."""
+        if not self.may_retry(request):
+            raise PermissionDenied
+        present, gone = _selection(request, queryset)
+        self.retry_jobs(request, present, restart=True)
+        self.report_gone(request, gone)
+
+    def retry_jobs(self, request: HttpRequest, ids: list[str], restart: bool = False) -> None:
         """Retry the jobs with dead_letters.retry_many (a few statements per batch of ids, whatever their
-        number) and report what changed and what was skipped, and why."""
+        number), from the beginning with ``restart``, and report what changed and what was skipped,
+        and why."""
         alias = queue_alias()
         retried: list[str] = []
         blocked: list[str] = []
@@ -87,13 +100,25 @@ class DeadLetterActions(DeadLetterReports):
         # reported, then the failure is raised
         # (tests/test_admin_input.py::test_an_action_that_fails_half_way_logs_what_it_did).
         with self.done_before_failure(request, CHANGE, retried):
-            for done_now, held in dead_letters.retry_batches(ids, using=alias):
+            for done_now, held in dead_letters.retry_batches(ids, using=alias, restart=restart):
                 retried += done_now
                 blocked += held
         done = set(retried + blocked)
         vanished = [job_id for job_id in ids if job_id not in done]
         self.log_jobs(request, CHANGE, retried)
-        if retried:
+        if retried and restart:
+            self.message_user(
+                request,
+                ngettext(
+                    "Retried %(count)d dead job from the beginning, its checkpoint cleared; it is due now.",
+                    "Retried %(count)d dead jobs from the beginning, their checkpoints cleared; "
+                    "they are due now.",
+                    len(retried),
+                )
+                % {"count": len(retried)},
+                messages.SUCCESS,
+            )
+        elif retried:
             self.message_user(
                 request,
                 ngettext(

@@ -156,8 +156,14 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
     def runs(self, obj: Job) -> str:
         # max_retries counts retries; a job runs at most max_retries + 1 times. Snoozes charge
         # no attempt: shown beside them (tests/test_outcomes.py::test_the_admin_shows_snoozes).
+        # Resumptions (a hand-back at a worker's stop) charge none either
+        # (tests/test_long_jobs.py::test_the_admin_shows_the_checkpoint_and_resumptions).
         runs = f"{obj.attempts} of {obj.max_retries + 1}"
-        return f"{runs}, snoozed {obj.snoozes}" if obj.snoozes else runs
+        if obj.snoozes:
+            runs += f", snoozed {obj.snoozes}"
+        if obj.resumptions:
+            runs += f", resumed {obj.resumptions}"
+        return runs
 
     @admin.display(description=_("due"))
     def due_detail(self, obj: Job) -> SafeString | str:
@@ -279,6 +285,17 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
             return "-"
         return pre(json.dumps(obj.metadata, indent=2, ensure_ascii=False))
 
+    @admin.display(description=_("checkpoint"))
+    def checkpoint_detail(self, obj: Job) -> SafeString | str:
+        """A long job's saved steps and cursors (running/checkpoints.py), as saved: text that is
+        not JSON is shown as it is."""
+        if obj.checkpoint is None:
+            return "-"
+        try:
+            return pre(json.dumps(json.loads(obj.checkpoint), indent=2, ensure_ascii=False))
+        except ValueError:
+            return pre(obj.checkpoint)
+
     @admin.display(description=_("payload"))
     def payload_detail(self, obj: Job) -> SafeString | str:
         return pre(obj.payload)
@@ -313,6 +330,7 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
             },
         ),
         (_("Metadata"), {"fields": ("metadata_detail",)}),
+        (_("Checkpoint"), {"fields": ("checkpoint_detail",), "classes": ("collapse",)}),
         (_("Times"), {"fields": ("due_detail", "created_detail", "started_detail", "failed_detail")}),
         (_("Payload"), {"fields": ("payload_detail",)}),
         (_("Error"), {"fields": ("error_detail", "traceback_detail")}),
