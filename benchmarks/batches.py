@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from run import ROOT, count_jobs, env_for, job_state, reset_database, setup_django
+from run import ROOT, count_jobs, env_for, job_state, per_database, reset_database, setup_django
 
 
 def clear() -> None:
@@ -149,20 +149,7 @@ def main() -> None:
         "| database | drain plain / batch (jobs/s) | share | enqueue plain / batch (jobs/s) | share "
         "| 1 worker: plain / chain (s) | chain / plain |\n|---|---|---|---|---|---|---|"
     )
-    for db in args.dbs:
-        argv = [
-            sys.executable,
-            __file__,
-            "--db-child",
-            db,
-            "--jobs",
-            str(args.jobs),
-            "--enqueue",
-            str(args.enqueue),
-        ]
-        argv += ["--chain", str(args.chain), "--repeat", str(args.repeat)]
-        done = subprocess.run(argv, cwd=ROOT / "benchmarks", stdout=subprocess.PIPE, text=True, check=True)
-        r = json.loads(done.stdout.strip().splitlines()[-1])
+    for db, r in per_database(__file__, args, ["jobs", "enqueue", "chain", "repeat"]):
 
         def med(key: str, i: int, r: dict = r) -> float:
             return statistics.median(pair[i] for pair in r[key])

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 
-from run import ROOT, reset_database, setup_django
+from run import per_database, reset_database, setup_django
 
 
 def round_of(job_type: str, n: int) -> tuple[float, float]:
@@ -70,22 +67,7 @@ def main() -> None:
         "| database | snooze: wall / CPU per job (ms) | failed attempt: wall / CPU per job (ms) "
         "| snooze / failure (wall, CPU) |\n|---|---|---|---|"
     )
-    env = {**os.environ, "RWS_BENCH_DB_NAME": os.environ.get("RWS_BENCH_DB_NAME", "rws_bench_outcomes")}
-    for db in args.dbs:
-        argv = [
-            sys.executable,
-            __file__,
-            "--db-child",
-            db,
-            "--jobs",
-            str(args.jobs),
-            "--repeat",
-            str(args.repeat),
-        ]
-        done = subprocess.run(
-            argv, cwd=ROOT / "benchmarks", stdout=subprocess.PIPE, text=True, check=True, env=env
-        )
-        r = json.loads(done.stdout.strip().splitlines()[-1])
+    for db, r in per_database(__file__, args, ["jobs", "repeat"], "rws_bench_outcomes"):
         snooze = [statistics.median(x[i] for x in r["snooze"]) for i in (0, 1)]
         fail = [statistics.median(x[i] for x in r["fail"]) for i in (0, 1)]
         print(

@@ -14,12 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import timeit
 
 from batches import clear, run_worker
-from run import ROOT, reset_database, setup_django
+from run import per_database, reset_database, setup_django
 
 
 def drain(db: str, job_type: str, n: int, rows: int) -> float:
@@ -71,20 +69,7 @@ def main() -> None:
         "| rounds, plain vs progress |\n"
         "|---|---|---|---|---|---|"
     )
-    for db in args.dbs:
-        argv = [
-            sys.executable,
-            __file__,
-            "--db-child",
-            db,
-            "--jobs",
-            str(args.jobs),
-            "--rows",
-            str(args.rows),
-        ]
-        argv += ["--repeat", str(args.repeat)]
-        done = subprocess.run(argv, cwd=ROOT / "benchmarks", stdout=subprocess.PIPE, text=True, check=True)
-        r = json.loads(done.stdout.strip().splitlines()[-1])
+    for db, r in per_database(__file__, args, ["jobs", "rows", "repeat"]):
         plain, progress = statistics.median(r["plain"]), statistics.median(r["progress"])
         share = statistics.median(p / q for q, p in zip(r["plain"], r["progress"], strict=True))
         rounds = " / ".join(f"{q:,.0f} vs {p:,.0f}" for q, p in zip(r["plain"], r["progress"], strict=True))

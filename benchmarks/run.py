@@ -34,7 +34,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -57,6 +59,23 @@ def setup_django(db: str) -> None:
     import django
 
     django.setup()
+
+
+def per_database(
+    script: str, args: argparse.Namespace, options: list[str], db_name: str | None = None
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Run ``script --db-child <db>`` for each of ``args.dbs`` in turn, passing on the arguments
+    named in ``options`` (and the database's name ``db_name``, unless RWS_BENCH_DB_NAME is set);
+    yield each database with the JSON the child printed last."""
+    env = dict(os.environ)
+    if db_name is not None:
+        env.setdefault("RWS_BENCH_DB_NAME", db_name)
+    for db in args.dbs:
+        argv = [sys.executable, script, "--db-child", db]
+        for name in options:
+            argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+        done = subprocess.run(argv, cwd=HERE, stdout=subprocess.PIPE, text=True, check=True, env=env)
+        yield db, json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def reset_database(db: str) -> None:

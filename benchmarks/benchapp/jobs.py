@@ -70,3 +70,45 @@ def snooze(payload: str) -> None:
 @job("bench.fail")
 def fail(payload: str) -> None:
     raise ValueError("bench")
+
+
+#: What the loop handlers measured: (label, CPU seconds of the loop, items).
+LOOPS: list[tuple[str, float, int]] = []
+
+
+def _numbers(count: int):
+    def numbers(cursor):
+        for i in range(0 if cursor is None else cursor, count):
+            yield i + 1, i
+
+    return numbers
+
+
+@job("bench.loop")
+def loop(payload: str) -> None:
+    """Payload "<kind> <count>": a loop whose body does nothing, over the benchmark's rows or a
+    function's numbers, plain or through current_job().iterate (benchmarks/iterate.py)."""
+    import time
+
+    from django_rws_jobs import current_job
+
+    from .models import Row
+
+    kind, count = payload.split()
+    n = int(count)
+    rows = Row.objects.order_by("pk")
+    started = time.process_time()
+    items = 0
+    if kind == "rows_plain":
+        for _row in rows.iterator(chunk_size=500):
+            items += 1
+    elif kind == "rows_iterate":
+        for _row in current_job().iterate(rows):
+            items += 1
+    elif kind == "numbers_plain":
+        for _cursor, _i in _numbers(n)(None):
+            items += 1
+    elif kind == "numbers_iterate":
+        for _i in current_job().iterate(_numbers(n)):
+            items += 1
+    LOOPS.append((kind, time.process_time() - started, items))

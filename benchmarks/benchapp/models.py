@@ -6,3 +6,9 @@ class Pickup(models.Model):
 
     seq = models.IntegerField()
     started = models.FloatField()
+
+
+class Row(models.Model):
+    """A row a long job's loop reads (benchmarks/iterate.py)."""
+
+    n = models.IntegerField()
