@@ -288,6 +288,21 @@ def test_the_admin_retries_a_dead_long_job_from_the_beginning(admin_client):
     assert (job.status, job.checkpoint, job.attempts) == ("pending", None, 0)
 
 
+def test_a_django_task_is_handed_back_and_resumes():
+    tasks_api = pytest.importorskip("django_rws_jobs.tasks.compat")
+    from tests.testapp import tasks
+
+    result = tasks.long_count.enqueue(5)
+    assert rws.tick()
+    job = Job.objects.get(id=result.id)
+    assert (job.status, job.attempts, job.resumptions) == ("pending", 0, 1)
+    assert tasks.long_count.get_result(result.id).status == tasks_api.TaskResultStatus.READY
+    assert rws.tick()
+    assert tasks.long_count.get_result(result.id).return_value == 3  # items 2, 3, 4 this time
+    items = Run.objects.filter(kind="task-item").values_list("payload", flat=True)
+    assert sorted(items) == ["0", "1", "2", "2", "3", "4"]  # 2 was cut short: it runs again
+
+
 def test_rust_sees_a_long_job_as_a_plain_row():
     pks = make_items(5)
     job_id = rws.enqueue("test.long_rows", json.dumps({"label": "r", "group": "g", "fail_at": pks[2]}))
@@ -411,6 +426,17 @@ def test_an_atomic_step_killed_around_its_commit_writes_once(workers, pool, when
     finish_with_a_new_worker(workers, pool, job_id, **fast)
     assert list(Effect.objects.values_list("name", flat=True)) == [when]  # exactly once
     assert Run.objects.filter(kind="long_done", payload=when).count() == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool", ["threads", "processes"])
+def test_a_step_before_a_failure_runs_once_in_a_worker(workers, pool):  # noqa: F811
+    job_id = rws.enqueue("test.steps", f"card-{pool}")
+    finish_with_a_new_worker(workers, pool, job_id, BACKOFF_INITIAL=0)
+    assert list(Run.objects.order_by("id").values_list("kind", "payload")) == [
+        ("charge", f"card-{pool}"),
+        ("receipt", f"card-{pool}"),
+    ]
 
 
 @pytest.mark.slow

@@ -152,3 +152,21 @@ async def async_decide(payload: str) -> str:
     await sync_to_async(_trace)("task-async-decide", payload)
     _decision(payload)
     return payload
+
+
+@task
+def long_count(count: int) -> int:
+    """Numbers 0..count-1 through current_job().iterate; the first time item 2 is reached, the
+    task is interrupted as at a worker's stop (tests/test_long_jobs.py)."""
+    from django_rws_jobs import JobInterrupted, current_job
+
+    from .models import Run
+
+    done = 0
+    for n in current_job().iterate(lambda cursor: ((i + 1, i) for i in range(cursor or 0, count))):
+        _trace("task-item", str(n))
+        if n == 2 and not Run.objects.filter(kind="task-interrupt").exists():
+            _trace("task-interrupt", "")
+            raise JobInterrupted("as at a deploy")
+        done += 1
+    return done
