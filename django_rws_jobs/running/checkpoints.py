@@ -165,8 +165,12 @@ def iterate(context: JobContext, items: Any, by: str, name: str | None) -> Itera
         )
     with ck.lock:
         ck.loops.append(key)
-    if key in ck.finished:
-        return iter(())
+        if key in ck.finished:
+            return iter(())
+        # The loop's key is in place before its first item: an item's cursor then replaces a
+        # value, which the writer's snapshot (taken under the lock) may meet; adding a key
+        # while it reads the dict would break its read.
+        ck.cursors.setdefault(key, None)
     return loop
 
 
