@@ -358,3 +358,25 @@ def test_an_operator_edits_a_dead_payload_and_reschedules_jobs(page, live_server
     page.wait_for_selector(".messagelist")
     assert "1 job is due now." in page.locator(".messagelist").inner_text()
     assert Job.objects.get(id=waiting).next_run_at <= time.time() + 1
+
+
+def test_an_operator_reads_a_dead_long_jobs_checkpoint_and_restarts_it(page, live_server):
+    from tests.testapp.models import Item
+
+    Item.objects.bulk_create([Item(group="b", number=i) for i in range(6)])
+    pks = list(Item.objects.order_by("pk").values_list("pk", flat=True))
+    payload = f'{{"label": "b", "group": "b", "fail_at": {pks[3]}}}'
+    dead = rws.enqueue("test.long_rows_dead", payload)
+    assert rws.tick()
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/failedjob/{dead}/change/")
+    page.get_by_text("Checkpoint", exact=True).click()  # a collapsed section: opened by a click
+    shown = page.locator(".field-checkpoint_detail").inner_text()
+    assert '"iterate-1": ' + str(pks[2]) in shown, shown
+    page.goto(f"{live_server.url}/admin/django_rws_jobs/failedjob/")
+    page.check(f"input[name=_selected_action][value='{dead}']")
+    page.select_option("select[name=action]", "restart_selected")
+    page.click("button[name=index]")
+    page.wait_for_selector(".messagelist")
+    assert "Retried 1 dead job from the beginning" in page.locator(".messagelist").inner_text()
+    job = Job.objects.get(id=dead)
+    assert (job.status, job.checkpoint) == ("pending", None)
