@@ -4,6 +4,7 @@ with real signals: SIGTERM mid-loop and a restart, kill -9 mid-loop and a restar
 killed between its write and its commit, and after it."""
 
 import json
+import re
 import signal
 import time
 from collections import Counter
@@ -437,6 +438,40 @@ def test_a_step_before_a_failure_runs_once_in_a_worker(workers, pool):  # noqa: 
         ("charge", f"card-{pool}"),
         ("receipt", f"card-{pool}"),
     ]
+
+
+@pytest.mark.slow
+def test_a_fleet_restarted_by_sigterm_runs_every_item_exactly_once(workers):  # noqa: F811
+    """Six long jobs on three worker processes (both pools), one of them stopped by SIGTERM every
+    second and started again, as a rolling deploy does: every item of every job is worked on
+    exactly once, and each job finishes."""
+    import random
+
+    pks = make_items(150)
+    ids = [
+        rws.enqueue("test.long_rows", json.dumps({"label": f"fleet{n}", "group": "g", "sleep": 0.05}))
+        for n in range(6)
+    ]
+    pools = ["threads", "processes", "threads"]
+    live = [workers("--workers", "2", "--pool", p, "--no-schedules", jobs=LONG) for p in pools]
+    for w in live:
+        w.started()  # its signal handlers are set: a SIGTERM before would kill it as any process
+    rng = random.Random(11)
+    stopped = []
+    while Job.objects.filter(id__in=ids).exists() and len(stopped) < 40:
+        time.sleep(1)
+        n = rng.randrange(len(live))
+        victim = live.pop(n)
+        victim.signal(signal.SIGTERM)
+        assert victim.wait(30) == 0, victim.output()
+        stopped.append(victim)
+        live.insert(n, workers("--workers", "2", "--pool", pools[n], "--no-schedules", jobs=LONG))
+        live[n].started()
+    wait_for(lambda: not Job.objects.filter(id__in=ids).exists(), 120, what="every long job to finish")
+    for n in range(6):
+        assert worked(f"fleet{n}") == Counter(dict.fromkeys(pks, 1)), n
+    handed = sum(int(m) for w in stopped for m in re.findall(r"(\d+) handed back to resume", w.output()))
+    assert handed >= 3, f"{len(stopped)} stops handed back {handed} jobs: the restarts missed the jobs"
 
 
 @pytest.mark.slow
