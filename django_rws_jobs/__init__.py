@@ -72,15 +72,23 @@ def enqueue(
     on_dependency_failure: str = "cancel",
     metadata: dict[str, Any] | None = None,
     using: str | None = None,
+    on_conflict: str = "skip",
+    max_delay: dt.timedelta | float | None = None,
+    unique_for: dt.timedelta | float | None = None,
 ) -> str:
     """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
 
     With ``unique=key``, while a job of this type and key is pending or running nothing is
-    inserted and that job's id is returned. ``timeout``: this job's time limit in seconds. With
-    ``concurrency_key``, at most the type's ``concurrency_limit`` (1 unless set) jobs with that
-    key run at once, across every worker. With ``after=[job ids and batches]``, the job waits
-    (blocked) until each has succeeded; ``on_dependency_failure``: "cancel", "run" or "wait".
-    ``metadata``: a dict (JSON) the job carries: ``Job.metadata``, ``current_job().metadata``.
+    inserted and that job's id is returned; ``on_conflict="replace"`` makes a waiting holder take
+    this call's payload, due time and options instead (``max_delay``: seconds after its burst's
+    first enqueue by which it is due however often it is replaced), and ``unique_for`` keeps the
+    key taken for that many seconds from the enqueue that took it (a throttle). The id is a
+    ``str`` whose ``outcome`` is "stored", "skipped" or "replaced". ``timeout``: this job's time
+    limit in seconds. With ``concurrency_key``, at most the type's ``concurrency_limit`` (1 unless
+    set) jobs with that key run at once, across every worker. With ``after=[job ids and
+    batches]``, the job waits (blocked) until each has succeeded; ``on_dependency_failure``:
+    "cancel", "run" or "wait". ``metadata``: a dict (JSON) the job carries: ``Job.metadata``,
+    ``current_job().metadata``.
     """
     from .api.enqueue import enqueue as _enqueue  # (loads the models)
 
@@ -99,6 +107,9 @@ def enqueue(
         on_dependency_failure=on_dependency_failure,
         metadata=metadata,
         using=using,
+        on_conflict=on_conflict,
+        max_delay=max_delay,
+        unique_for=unique_for,
     )
 
 

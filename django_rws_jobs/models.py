@@ -155,6 +155,11 @@ class Job(models.Model):
     resumptions = models.IntegerField(
         null=True, blank=True, editable=False, help_text=_("times it was handed back at a stop")
     )
+    # A debounced job's latest due time (api/enqueue_once.py): the first enqueue of its burst plus
+    # max_delay; a replace never makes it due later. Ours, nullable.
+    due_by = models.BigIntegerField(
+        null=True, blank=True, editable=False, help_text=_("unix seconds: due no later (max_delay)")
+    )
 
     objects = JobQuerySet.as_manager()
 
@@ -299,6 +304,23 @@ class BatchMember(models.Model):
             # "Is any member outstanding?" and the counts: a range of one batch's rows.
             models.Index(fields=["batch_id", "outcome"], name="rws_batch_members_idx"),
         ]
+
+
+class UniqueWindow(models.Model):
+    """One row of ``rws_unique_windows``: a throttled key (``enqueue(unique=, unique_for=)``) is
+    taken until ``until`` by job ``job_id``, whose row may be gone (api/enqueue_once.py). The
+    workers delete rows whose window has passed."""
+
+    unique_hash = models.CharField(max_length=64, primary_key=True)
+    job_id = models.CharField(max_length=64)
+    until = models.BigIntegerField(help_text=_("unix seconds"))
+
+    class Meta:
+        db_table = "rws_unique_windows"
+        verbose_name = _("unique window")
+        verbose_name_plural = _("unique windows")
+        default_permissions = ()
+        indexes = [models.Index(fields=["until"], name="rws_unique_windows_until_idx")]
 
 
 class BatchOutput(models.Model):

@@ -71,7 +71,7 @@ def test_enqueue_many_items_take_only_enqueues_options():
     keys = (
         "job_type, payload, queue, priority, run_at, run_in, unique, max_retries, timeout, concurrency_key, "
     )
-    keys += "after, on_dependency_failure, metadata"
+    keys += "after, on_dependency_failure, metadata, on_conflict, max_delay, unique_for"
     with pytest.raises(TypeError, match=rf"^job #0: unknown key 'now'; the known ones are {keys}$"):
         rws.enqueue_many([{"job_type": "a.ok", "now": -5}])
     with pytest.raises(TypeError, match=r"^job #1: unknown keys 'using', 5; the known ones are"):

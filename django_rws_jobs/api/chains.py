@@ -45,7 +45,7 @@ def chain(*steps: Any, on_dependency_failure: str = "cancel", using: str | None 
         before: list[str] = []
         with transaction.atomic(using=alias):
             for calls in groups:
-                step_ids = []
+                step_ids: list[str] = []
                 for c in calls:
                     deps = waits_for(before, on_dependency_failure) if before else None
                     row = fresh_row(c.row, now)

@@ -4,11 +4,10 @@ enqueue_many.py, retry and delete in dead_letters.py, tick in worker/tick.py).""
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import DatabaseError, connections, transaction
 
 from ..conf import jobs_settings
 from ..database import clock, wakeup
@@ -38,12 +37,18 @@ from ..queue.store import Store
 from ..workflows import dependencies
 from ..workflows.batch_outcomes import cancel_if_failing, cancelled_by_dependencies
 from ..workflows.members import join, open_batch
+from .enqueue_once import (
+    SKIPPED,
+    STORED,
+    Enqueued,
+    Once,
+    insert_once,
+    insert_unique,
+    once_options,
+    unique_hash,
+)
 
 logger = logging.getLogger("django_rws_jobs")
-
-
-def unique_hash(job_type: str, unique: str) -> str:
-    return hashlib.sha256(f"{job_type}\x00{unique}".encode()).hexdigest()
 
 
 def prepare(
@@ -126,11 +131,20 @@ def enqueue(
     on_dependency_failure: str = "cancel",
     metadata: dict[str, Any] | None = None,
     using: str | None = None,
+    on_conflict: str = "skip",
+    max_delay: dt.timedelta | float | None = None,
+    unique_for: dt.timedelta | float | None = None,
 ) -> str:
     """Store a job and return its id; inside ``transaction.atomic()`` it commits with the caller.
 
     With ``unique=key``, while a job of this type and key is pending or running nothing is
     inserted and that job's id is returned (the database enforces it across processes).
+    ``on_conflict="replace"``: a waiting holder takes this call's payload, due time and options
+    instead (a running one is never changed: a new job is stored to run after it), and
+    ``max_delay`` seconds bounds how late replaces make it due; ``unique_for`` seconds keeps the key
+    taken that long after the enqueue that took it, even once that job succeeded (a throttle).
+    The id returned is a ``str`` whose ``outcome`` says what the call did: "stored", "skipped" or
+    "replaced" (api/enqueue_once.py).
     ``timeout`` (seconds) is this job's time limit; None leaves it to its type's, or the setting's.
     With ``concurrency_key``, at most its type's ``concurrency_limit`` (1 unless set) jobs with
     that key run at once, across every worker; the others wait, uncharged.
@@ -141,6 +155,7 @@ def enqueue(
     and ``current_job().metadata`` in its handler.
     """
     alias = queue_alias(using)
+    once = once_options(unique, on_conflict, max_delay, unique_for, after)
     deps = waits_for(after, on_dependency_failure)
 
     def store(metadata: Any) -> str:
@@ -158,7 +173,7 @@ def enqueue(
             metadata=metadata,
             now=clock.now(alias),
         )
-        return insert_prepared(alias, params, deps)
+        return insert_prepared(alias, params, deps, once)
 
     enqueuers = middleware.chains()[0]
     if not enqueuers:
@@ -194,21 +209,49 @@ def waits_for(after: Any, policy: Any) -> tuple[list[tuple[str, bool]], str] | N
 
 
 def insert_prepared(
-    alias: str, params: list[Any], deps: tuple[list[tuple[str, bool]], str] | None = None
-) -> str:
+    alias: str,
+    params: list[Any],
+    deps: tuple[list[tuple[str, bool]], str] | None = None,
+    once: Once | None = None,
+) -> Enqueued:
     """Insert one job that ``prepare`` made, in the caller's transaction; return its id (or, for
-    a unique job, the id of the live job holding its key). Wakes this process's workers at commit.
-    ``deps``: what it waits for and the policy (dependencies.py); it is stored blocked."""
-    backend_for(connections[alias]).check_insert_size(params, "the job")
+    a unique job, the id of the live job holding its key, or of the one it replaced: ``once``).
+    Wakes this process's workers at commit. ``deps``: what it waits for and the policy
+    (dependencies.py); it is stored blocked.
+
+    A replace or a throttle that the database ends with a deadlock (MariaDB's InnoDB, under
+    contention on one key: the whole transaction is rolled back) runs again when the transaction
+    was this call's own; inside the caller's, the error is raised, as the database asks, for the
+    caller to run its transaction again (tests/test_enqueue_once.py, the races)."""
+    backend = backend_for(connections[alias])
+    backend.check_insert_size(params, "the job")
+    if once is None or connections[alias].in_atomic_block:
+        return _insert_prepared(alias, params, deps, once)
+    for _ in range(DEADLOCK_TRIES - 1):
+        try:
+            return _insert_prepared(alias, list(params), deps, once)
+        except DatabaseError as exc:
+            if not backend.deadlocked(exc):
+                raise
+    return _insert_prepared(alias, params, deps, once)
+
+
+#: Runs of a replace or a throttle that deadlocked, in a transaction of its own.
+DEADLOCK_TRIES = 5
+
+
+def _insert_prepared(
+    alias: str, params: list[Any], deps: tuple[list[tuple[str, bool]], str] | None, once: Once | None
+) -> Enqueued:
     member_of = open_batch_id(alias)
     if deps is not None:
         params[10] = "blocked"
-    if member_of is not None or deps is not None:
+    if member_of is not None or deps is not None or once is not None:
         # The job, its member row, the batch's total and its dependencies in one transaction.
         params[13] = member_of
         with transaction.atomic(using=alias):
-            job_id = _insert_one(alias, params)
-            if job_id == params[0]:  # a unique job already live is neither a member nor blocked
+            job_id = _insert_one(alias, params, once)
+            if job_id.outcome == STORED:  # a job already live is neither a member nor blocked
                 if member_of is not None:
                     join(connections[alias], member_of, [job_id])
                     cancel_if_failing(connections[alias], member_of, [job_id])
@@ -224,11 +267,14 @@ def insert_prepared(
     return job_id
 
 
-def _insert_one(alias: str, params: list[Any]) -> str:
+def _insert_one(alias: str, params: list[Any], once: Once | None = None) -> Enqueued:
     if params[-1] is None:
         _insert(connections[alias], params)
-        return str(params[0])
-    return insert_unique(alias, params)
+        return Enqueued(params[0], STORED)
+    if once is not None:
+        return insert_once(alias, params, once)
+    job_id = insert_unique(alias, params)
+    return Enqueued(job_id, STORED if job_id == params[0] else SKIPPED)
 
 
 def open_batch_id(alias: str) -> str | None:
@@ -276,38 +322,6 @@ def wake_local_workers(alias: str) -> None:
 
     if wakeup.listeners:  # a worker runs in this process: wake it when the job commits
         transaction.on_commit(wakeup.notify, using=alias)
-
-
-def insert_unique(alias: str, params: list[Any]) -> str:
-    conn = connections[alias]
-    digest = params[-1]
-    # A shared-lock read sees the latest commit even where a plain read sees an older snapshot
-    # (MySQL's REPEATABLE READ); it is only the fallback, because it holds the holder's row until
-    # the caller commits.
-    share = backend_for(conn).features.shared_lock
-    lookup = "SELECT id, status FROM rws_jobs WHERE unique_hash = %s"
-    for _ in range(10):
-        try:
-            with transaction.atomic(using=alias), conn.cursor() as c:
-                c.execute(INSERT_SQL, params)
-            return params[0]
-        except IntegrityError:
-            pass
-        with transaction.atomic(using=alias), conn.cursor() as c:
-            c.execute(lookup, [digest])
-            row = c.fetchone()
-            if row is None and share:
-                c.execute(lookup + share, [digest])
-                row = c.fetchone()
-            if row is not None and row[1] in (Status.PENDING, Status.RUNNING, Status.WAITING):
-                return row[0]
-            if row is not None:
-                # A failed row still holding the key (a rust-web-server writer does not clear it): free it.
-                c.execute(
-                    "UPDATE rws_jobs SET unique_hash = NULL WHERE id = %s AND status = 'failed'", [row[0]]
-                )
-        # Otherwise the holder finished between the two statements: insert again.
-    raise RuntimeError(f"could not enqueue unique job {params[1]!r} key {params[8]!r}: kept conflicting")
 
 
 def jobs(status: str | None = None, limit: int = 100, *, using: str | None = None) -> list[Job]:

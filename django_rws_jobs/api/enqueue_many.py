@@ -22,7 +22,8 @@ from ..queue import middleware
 from ..workflows import dependencies
 from ..workflows.batch_outcomes import cancel_if_failing, cancelled_by_dependencies
 from ..workflows.members import join
-from .enqueue import insert_unique, open_batch_id, prepare, waits_for, wake_local_workers
+from .enqueue import open_batch_id, prepare, waits_for, wake_local_workers
+from .enqueue_once import SKIPPED, STORED, Enqueued, Once, insert_once, insert_unique, once_options
 
 #: What a dict item of enqueue_many may hold: enqueue's options, nothing internal.
 ITEM_KEYS = (
@@ -39,6 +40,9 @@ ITEM_KEYS = (
     "after",
     "on_dependency_failure",
     "metadata",
+    "on_conflict",
+    "max_delay",
+    "unique_for",
 )
 
 
@@ -76,6 +80,7 @@ def enqueue_items(
     member_of = open_batch_id(alias)
     ids: list[str] = []
     uniques: dict[int, list[Any]] = {}  # index: the row of a unique item, inserted after the others
+    onces: dict[int, Once] = {}  # index: a unique item's on_conflict="replace" or unique_for
     waits: dict[int, tuple[list[tuple[str, bool]], str]] = {}  # index: what the item waits for
     now = clock.now(alias)
 
@@ -83,7 +88,7 @@ def enqueue_items(
         """Validate the items one by one; yield the rows without a unique key."""
         for index, item in enumerate(jobs, first):
             try:
-                row, deps = _item_params(item, now)
+                row, deps, once = _item_params(item, now)
             except (TypeError, ValueError) as exc:
                 raise type(exc)(f"job #{index}: {exc}") from None
             row[13] = member_of
@@ -97,6 +102,8 @@ def enqueue_items(
                 waits[len(ids)] = deps
             if row[-1] is not None:
                 uniques[len(ids)] = row
+                if once is not None:
+                    onces[len(ids)] = once
             ids.append(row[0])
             if row[-1] is None:
                 yield row
@@ -113,8 +120,9 @@ def enqueue_items(
             backend_for(conn).insert_many(c, plain(), batch_size, where, watched)
         taken = set()  # the unique items that returned another live job's id: neither member nor blocked
         for index, row in uniques.items():
-            ids[index] = _insert_unique_checked(conn, alias, row, first + index)
-            if ids[index] != row[0]:
+            got = _insert_unique_checked(conn, alias, row, first + index, onces.get(index))
+            ids[index] = got
+            if got.outcome != STORED:
                 taken.add(index)
         if member_of is not None:
             joined = [job_id for i, job_id in enumerate(ids) if i not in taken] if taken else ids
@@ -130,23 +138,33 @@ def enqueue_items(
     return ids
 
 
-def _item_params(item: Any, now: float) -> tuple[list[Any], tuple[list[tuple[str, bool]], str] | None]:
-    """One enqueue_many item's INSERT parameters, and what it waits for: only enqueue's options,
-    by name or as a (job_type, payload) pair.
+def _item_params(
+    item: Any, now: float
+) -> tuple[list[Any], tuple[list[tuple[str, bool]], str] | None, Once | None]:
+    """One enqueue_many item's INSERT parameters, what it waits for, and what it does when its
+    unique key is taken: only enqueue's options, by name or as a (job_type, payload) pair.
     (tests/test_input.py::test_enqueue_many_items_take_only_enqueues_options)"""
     if isinstance(item, str):
-        return prepare(item, now=now), None
+        return prepare(item, now=now), None, None
     if isinstance(item, dict) and "task" in item:
-        return _task_params(item), None
+        return _task_params(item), None, None
     if isinstance(item, dict):
         _only_known("key", item, ITEM_KEYS)
         if "job_type" not in item:
             raise TypeError("a dict needs a 'job_type'")
         options = dict(item)
-        deps = waits_for(options.pop("after", None), options.pop("on_dependency_failure", "cancel"))
-        return prepare(**options, now=now), deps
+        after = options.pop("after", None)
+        once = once_options(
+            options.get("unique"),
+            options.pop("on_conflict", "skip"),
+            options.pop("max_delay", None),
+            options.pop("unique_for", None),
+            after,
+        )
+        deps = waits_for(after, options.pop("on_dependency_failure", "cancel"))
+        return prepare(**options, now=now), deps, once
     if isinstance(item, (tuple, list)) and 1 <= len(item) <= 2:
-        return prepare(*item, now=now), None
+        return prepare(*item, now=now), None, None
     raise TypeError(f"a job must be a job_type, a (job_type, payload) pair or a dict, got {show(item)}")
 
 
@@ -161,6 +179,11 @@ def _task_params(item: dict[str, Any]) -> list[Any]:
     return list(backend.job_params(task, item.get("args", ()), item.get("kwargs", {})))
 
 
-def _insert_unique_checked(conn: Any, alias: str, params: list[Any], index: int) -> str:
+def _insert_unique_checked(
+    conn: Any, alias: str, params: list[Any], index: int, once: Once | None
+) -> Enqueued:
     backend_for(conn).check_insert_size(params, f"job #{index}")
-    return insert_unique(alias, params)
+    if once is not None:
+        return insert_once(alias, params, once)
+    job_id = insert_unique(alias, params)
+    return Enqueued(job_id, STORED if job_id == params[0] else SKIPPED)

@@ -59,6 +59,9 @@ class RwsTask(Task):
     fail_on: tuple[type[BaseException], ...] = dataclasses.field(default=(), compare=False)
     #: The metadata each enqueue of this task stores with it (``using(metadata={...})``).
     metadata: dict[str, Any] | None = dataclasses.field(default=None, compare=False)
+    #: With ``unique``: seconds the arguments' key stays taken from the enqueue that took it, even
+    #: once that task finished; an enqueue inside the window returns that task's result (a throttle).
+    unique_for: float | None = None
 
     def using(self, *, metadata: dict[str, Any] | None = None, **changes: Any) -> RwsTask:
         """Django's ``using()`` (priority, queue_name, run_after, backend), and ``metadata``: a
@@ -78,11 +81,16 @@ class RwsTask(Task):
         metadata: dict[str, Any] | None = None,
         backoff: Any = None,
         fail_on: Any = None,
+        unique_for: Any = None,
     ) -> RwsTask:
         """A copy with other options (``using()`` for this backend's options)."""
         try:
             if metadata is not None:
                 metadata_text(metadata)
+            if unique_for is not None:
+                from ..api.enqueue_once import once_options  # (loads the models; see the module's docstring)
+
+                once_options(unique if unique is not None else self.unique or None, "skip", None, unique_for)
             backoff = Backoff.of(backoff)
             fail_on = None if fail_on is None else exception_classes("fail_on", fail_on)
         except (TypeError, ValueError) as exc:
@@ -96,6 +104,7 @@ class RwsTask(Task):
             "metadata": metadata,
             "backoff": backoff,
             "fail_on": fail_on,
+            "unique_for": unique_for,
         }
         return dataclasses.replace(self, **{k: v for k, v in given.items() if v is not None})
 
@@ -185,8 +194,11 @@ class RwsJobsBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
         """Insert the task's row in the caller's transaction; return its READY result."""
         from ..api.enqueue import insert_prepared  # (loads the models; see the module's docstring)
+        from ..api.enqueue_once import Once  # (loads the models; see the module's docstring)
 
         params = self.job_params(task, args, kwargs)
+        window = getattr(task, "unique_for", None)
+        once = Once(False, None, float(window)) if window is not None and params[-1] is not None else None
         stored = history.load(params[2])  # the arguments as JSON made them, the time of enqueue
         enqueuers = middleware.chains()[0]
         if enqueuers:
@@ -195,12 +207,12 @@ class RwsJobsBackend(BaseTaskBackend):
 
             def call_next() -> str:
                 params[15] = middleware.merged(None, job.metadata) if job.metadata else None
-                job.ids = [insert_prepared(self.database, params)]
+                job.ids = [insert_prepared(self.database, params, once=once)]
                 return job.ids[0]
 
             job_id = middleware.enqueue_around(enqueuers, job, call_next)
         else:
-            job_id = insert_prepared(self.database, params)
+            job_id = insert_prepared(self.database, params, once=once)
         if job_id != params[0]:  # a unique task already waits or runs: its result
             return self.get_result(job_id)
 

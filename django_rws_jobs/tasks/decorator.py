@@ -19,11 +19,13 @@ def task(
     concurrency_limit: int | None = None,
     backoff: Any = None,
     fail_on: Any = None,
+    unique_for: Any = None,
     **options: Any,
 ) -> Any:
     """Django's ``@task`` (``priority``, ``queue_name``, ``backend``, ``takes_context``) plus
     ``max_attempts``, ``unique``, ``timeout``, ``concurrency_key``, ``concurrency_limit``,
-    ``backoff`` and ``fail_on`` (see RwsTask); the backend must be an RwsJobsBackend."""
+    ``backoff``, ``fail_on`` and ``unique_for`` (see RwsTask); the backend must be an
+    RwsJobsBackend."""
 
     try:
         from django.tasks import task as django_task
@@ -45,6 +47,7 @@ def task(
             concurrency_limit=concurrency_limit,
             backoff=backoff,
             fail_on=fail_on,
+            unique_for=unique_for,
         )
 
     return wrap(function) if function is not None else wrap

@@ -12,6 +12,7 @@ from django.db import Error as DatabaseError
 from django.db import connections
 
 from ..api.cancellation import prune_cancelled
+from ..api.enqueue_once import prune_windows
 from ..attempts.outcomes import recover
 from ..conf import jobs_settings
 from ..database import clock
@@ -99,7 +100,7 @@ class LeaseKeeper:
     def _tidy(self, store: Any) -> None:
         """Delete dead workers' rows after an hour, and cancelled jobs past their retention;
         repair the batches a crash left and prune the ended ones past their retention, and the
-        dependency rows of jobs that are gone."""
+        dependency rows of jobs that are gone; delete throttle windows that have passed."""
         now = int(clock.now(self.shared.alias))
         batch_retention = float(jobs_settings.BATCH_RETENTION)
 
@@ -117,6 +118,7 @@ class LeaseKeeper:
             ("pruning dependency rows", prune_edges),
             ("pruning batches", lambda: batch_upkeep.prune(store, now, batch_retention)),
             ("pruning metrics", lambda: metrics.prune(store, now - int(jobs_settings.METRICS_RETENTION))),
+            ("pruning throttle windows", lambda: prune_windows(store, now)),
         ]
         # A step that fails for a reason of its own (a value the database refuses) is logged and
         # the others run: it never stops the worker. One that may pass is raised, and the next

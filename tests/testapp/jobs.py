@@ -737,3 +737,17 @@ def _bad_use(case: str) -> None:
 def long_bad(payload: str) -> None:
     """Payload: a misuse of iterate or step (tests/test_long_jobs.py)."""
     _bad_use(payload)
+
+
+@job("test.payload_stable")
+def payload_stable(payload: str) -> None:
+    """Traces its payload as it started and as its row holds it after a pause: a replace that
+    changed a running job would show two different payloads (tests/test_enqueue_once.py)."""
+    from django.db import connection
+
+    ctx = current_job()
+    time.sleep(0.05)
+    with connection.cursor() as c:
+        c.execute("SELECT payload FROM rws_jobs WHERE id = %s", [ctx.id])
+        row = c.fetchone()
+    _trace("stable" if row is not None and row[0] == payload else "mutated", payload)

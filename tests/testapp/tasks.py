@@ -170,3 +170,9 @@ def long_count(count: int) -> int:
             raise JobInterrupted("as at a deploy")
         done += 1
     return done
+
+
+@rws_task(unique=True, unique_for=60)
+def throttled(n: int) -> int:
+    """At most one run per minute per argument (tests/test_enqueue_once.py)."""
+    return n

@@ -132,6 +132,11 @@ class BaseBackend(Statements):
         connection sees what it writes."""
         return False
 
+    def deadlocked(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is the database's deadlock error: the transaction was rolled back
+        whole, and one that is all the caller's own may run again (api/enqueue_once.py)."""
+        return False
+
     def holds_write_lock(self) -> bool:
         """Whether the connection's open transaction holds the database's one write lock (where
         one writer at a time holds the whole database, and transactions take it at BEGIN):

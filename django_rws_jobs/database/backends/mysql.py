@@ -150,6 +150,20 @@ class MySQLBackend(BaseBackend):
             f" ON DUPLICATE KEY UPDATE {', '.join(sets)}"
         )
 
+    def deadlocked(self, exc: BaseException) -> bool:
+        # ER_LOCK_DEADLOCK: InnoDB rolled back the whole transaction.
+        code = getattr(exc.__cause__, "args", (None,))[0]
+        return bool(code == 1213)
+
+    def take_window(self, digest: str, job_id: str, now: int, until: int) -> Sql:
+        # The assignments run left to right, each seeing the ones before: job_id's reads the old until.
+        return Sql(
+            "INSERT INTO rws_unique_windows (unique_hash, job_id, until) VALUES (%s, %s, %s) "
+            "ON DUPLICATE KEY UPDATE job_id = IF(until <= %s, VALUES(job_id), job_id), "
+            "until = IF(until <= %s, VALUES(until), until)",
+            [digest, job_id, until, now, now],
+        )
+
     def claim_index_hint(self, queues: Sequence[str] | None) -> str:
         # MariaDB would weigh every index the conditions name each time it plans a claim, a large
         # part of the claim's time: it is told the index.

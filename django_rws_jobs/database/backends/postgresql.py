@@ -380,6 +380,10 @@ class PostgreSQLBackend(BaseBackend):
             return Sql(f" AND queue = E'{text}'")
         return queue_filter(queues)
 
+    def deadlocked(self, exc: BaseException) -> bool:
+        # deadlock_detected (SQLSTATE 40P01).
+        return getattr(exc.__cause__, "sqlstate", None) == "40P01"
+
     def claim(
         self,
         store: Store,

@@ -163,6 +163,17 @@ class Statements:
             f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {', '.join(sets)}"
         )
 
+    def take_window(self, digest: str, job_id: str, now: int, until: int) -> Sql:
+        """Take a throttle's window (rws_unique_windows) for ``job_id`` until ``until`` unless an
+        open one (``until`` past ``now``) holds it: one statement that locks the key's row, so two
+        takers never both win and never wait on each other's gap locks (api/enqueue_once.py)."""
+        return Sql(
+            "INSERT INTO rws_unique_windows (unique_hash, job_id, until) VALUES (%s, %s, %s) "
+            "ON CONFLICT (unique_hash) DO UPDATE SET job_id = excluded.job_id, until = excluded.until "
+            "WHERE rws_unique_windows.until <= %s",
+            [digest, job_id, until, now],
+        )
+
     def _insert_rows(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Sql:
         row = "(" + ", ".join(["%s"] * len(columns)) + ")"
         return Sql(

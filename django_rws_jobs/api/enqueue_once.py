@@ -1,0 +1,271 @@
+"""Enqueueing once per burst: what a unique job's enqueue does when its key is taken.
+
+- ``on_conflict="skip"`` (the default): the live job holding the key keeps it; its id is returned.
+- ``on_conflict="replace"``: a holder that waits (pending, waiting for its concurrency key, or
+  blocked) takes the call's payload, due time and options, in one fenced UPDATE (``status`` in
+  the condition), and its id is returned. A running holder is never changed: it gives the key up
+  (its ``unique_hash`` cleared, fenced on ``status = 'running'``) and a new job is stored with
+  the key, blocked until the holder ends (a dependency with the "run" policy), so it starts after
+  it. Two replaces racing leave one waiting job: the database's unique index lets one insert
+  win, and the other replaces it.
+- ``max_delay=M`` (with replace): a burst's first job is due no later than ``M`` seconds after
+  its enqueue (``rws_jobs.due_by``); a replace never moves it past that.
+- ``unique_for=S``: a throttle. The enqueue that stores the job takes the key's window in
+  ``rws_unique_windows`` until ``now + S``; an enqueue inside an open window stores nothing and
+  returns the id of the job that took it. The window row is taken by INSERT, or by an UPDATE
+  fenced on ``until <= now`` once it passed, after a locking read: two enqueues never both take
+  it. The workers delete passed windows (``prune_windows``).
+
+Each returns an ``Enqueued``: the id, a ``str`` as before, with ``outcome`` "stored", "skipped" or
+"replaced". Pinned by tests/test_enqueue_once.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+
+from ..database.backends import backend_for
+from ..database.backends.inserts import INSERT_SQL
+from ..database.validation import show
+from ..models import Status
+from ..workflows import dependencies
+from ..workflows.batch_outcomes import cancelled_by_dependencies
+
+#: enqueue's on_conflict values.
+ON_CONFLICT = ("skip", "replace")
+#: The longest max_delay and unique_for, in seconds: a year, as RWS_JOBS["BACKOFF_MAX"].
+SECONDS_MAX = 365 * 86400
+#: Tries before giving up on a key that keeps changing hands under the call.
+TRIES = 10
+
+STORED, SKIPPED, REPLACED = "stored", "skipped", "replaced"
+
+#: What a replace changes of a waiting holder (and where prepare() put each in the row).
+REPLACED_COLUMNS = (
+    ("payload", 2),
+    ("max_retries", 3),
+    ("queue", 6),
+    ("priority", 7),
+    ("timeout", 9),
+    ("metadata", 15),
+)
+
+
+def unique_hash(job_type: str, unique: str) -> str:
+    return hashlib.sha256(f"{job_type}\x00{unique}".encode()).hexdigest()
+
+
+class Enqueued(str):
+    """A job's id as ``enqueue`` returns it (a ``str``), and what the call did: ``outcome`` is
+    "stored" (a new job), "skipped" (nothing stored: the id is the job that holds the key, or
+    that took its throttle window) or "replaced" (a waiting job took this call's payload, due
+    time and options: its id)."""
+
+    outcome: str
+
+    def __new__(cls, job_id: str, outcome: str) -> Enqueued:
+        made = super().__new__(cls, job_id)
+        made.outcome = outcome
+        return made
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Enqueued, (str(self), self.outcome))
+
+
+@dataclass(frozen=True)
+class Once:
+    """A unique job's checked options beyond ``skip``."""
+
+    replace: bool
+    max_delay: float | None
+    unique_for: float | None
+
+
+def once_options(
+    unique: Any, on_conflict: Any, max_delay: Any, unique_for: Any, after: Any = None
+) -> Once | None:
+    """The options checked, before anything is written; None for today's "skip". Bad values and
+    combinations are a TypeError or ValueError naming them (tests/test_enqueue_once.py
+    test_bad_options_are_clear_errors)."""
+    if on_conflict not in ON_CONFLICT:
+        raise ValueError(
+            f"on_conflict must be one of {', '.join(map(repr, ON_CONFLICT))}, got {show(on_conflict)}"
+        )
+    replace = on_conflict == "replace"
+    if unique is None and (replace or unique_for is not None):
+        what = "on_conflict='replace'" if replace else "unique_for"
+        raise ValueError(f"{what} needs unique=key: it says what to do when the key is taken")
+    if max_delay is not None and not replace:
+        raise ValueError("max_delay needs on_conflict='replace': it bounds how far replaces push a job")
+    if replace and unique_for is not None:
+        raise ValueError(
+            "unique_for and on_conflict='replace' do not go together: a throttle stores nothing in its window"
+        )
+    if replace and after is not None:
+        raise ValueError(
+            "on_conflict='replace' and after= do not go together: a replaced job keeps what it waits for"
+        )
+    if not replace and unique_for is None:
+        return None
+    return Once(replace, _seconds("max_delay", max_delay), _seconds("unique_for", unique_for, above=True))
+
+
+def _seconds(name: str, value: Any, *, above: bool = False) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, dt.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{name} must be a number of seconds or a timedelta, got {type(value).__name__} {show(value)}"
+        )
+    low_ok = value > 0 if above else value >= 0
+    if not math.isfinite(value) or not low_ok or value > SECONDS_MAX:
+        bounds = f"{'(' if above else '['}0, {SECONDS_MAX}]"
+        raise ValueError(f"{name} must be a finite number of seconds in {bounds}, got {show(value)}")
+    return float(value)
+
+
+def insert_once(alias: str, params: list[Any], once: Once) -> Enqueued:
+    """Store the unique job ``params`` (prepare's row) as ``once`` says, in the caller's
+    transaction; see the module's docstring."""
+    if once.unique_for is not None:
+        return _throttled(alias, params, once.unique_for)
+    return _replaced(alias, params, once)
+
+
+def _replaced(alias: str, params: list[Any], once: Once) -> Enqueued:
+    conn = connections[alias]
+    now = int(params[5])
+    digest = params[-1]
+    lock = backend_for(conn).features.row_lock
+    due_by = None if once.max_delay is None else math.floor(now + once.max_delay)
+    if due_by is not None:
+        params[4] = min(params[4], due_by)
+    for _ in range(TRIES):
+        try:
+            with transaction.atomic(using=alias), conn.cursor() as c:
+                c.execute(INSERT_SQL, params)
+                if due_by is not None:
+                    c.execute("UPDATE rws_jobs SET due_by = %s WHERE id = %s", [due_by, params[0]])
+            return Enqueued(params[0], STORED)
+        except IntegrityError:
+            pass
+        with transaction.atomic(using=alias), conn.cursor() as c:
+            c.execute(
+                "SELECT id, status, due_by, created_at FROM rws_jobs WHERE unique_hash = %s" + lock, [digest]
+            )
+            row = c.fetchone()
+            if row is None:
+                continue  # the holder ended between the two statements: insert again
+            holder, status, held_due_by, created_at = row
+            if status in ("pending", "waiting", "blocked"):
+                cap = held_due_by
+                if cap is None and once.max_delay is not None:
+                    cap = math.floor(created_at + once.max_delay)  # its burst began at its enqueue
+                due = params[4] if cap is None else min(params[4], cap)
+                sets = ", ".join(f"{column} = %s" for column, _ in REPLACED_COLUMNS)
+                c.execute(
+                    f"UPDATE rws_jobs SET {sets}, next_run_at = %s, due_by = %s "
+                    "WHERE id = %s AND unique_hash = %s AND status IN ('pending', 'waiting', 'blocked')",
+                    [*(params[i] for _, i in REPLACED_COLUMNS), due, cap, holder, digest],
+                )
+                if c.rowcount == 1:
+                    return Enqueued(holder, REPLACED)
+                continue
+            if status == "running":
+                # Never changed: it gives the key up, and a new job takes it, run after it.
+                c.execute(
+                    "UPDATE rws_jobs SET unique_hash = NULL "
+                    "WHERE id = %s AND unique_hash = %s AND status = 'running'",
+                    [holder, digest],
+                )
+                if c.rowcount != 1:
+                    continue
+                params[10] = "blocked"
+                c.execute(INSERT_SQL, params)
+                if due_by is not None:
+                    c.execute("UPDATE rws_jobs SET due_by = %s WHERE id = %s", [due_by, params[0]])
+                dependencies.add(
+                    conn, params[0], [(holder, False)], "run", on_cancelled=cancelled_by_dependencies
+                )
+                return Enqueued(params[0], STORED)
+            # A failed row still holding the key (a rust-web-server writer does not clear it): free it.
+            c.execute("UPDATE rws_jobs SET unique_hash = NULL WHERE id = %s AND status = 'failed'", [holder])
+    raise RuntimeError(f"could not enqueue unique job {params[1]!r} key {params[8]!r}: kept conflicting")
+
+
+def _throttled(alias: str, params: list[Any], seconds: float) -> Enqueued:
+    conn = connections[alias]
+    backend = backend_for(conn)
+    until = math.ceil(params[5] + seconds)
+    digest = params[-1]
+    try:
+        with transaction.atomic(using=alias):
+            with conn.cursor() as c:
+                c.execute(*backend.take_window(digest, params[0], int(params[5]), until))
+                # A locking read: the latest commit, whatever the transaction's snapshot
+                # (MariaDB's REPEATABLE READ); the upsert holds the row's lock already.
+                lock = backend.features.row_lock
+                c.execute("SELECT job_id FROM rws_unique_windows WHERE unique_hash = %s" + lock, [digest])
+                (taken_by,) = c.fetchone()
+            if taken_by != params[0]:
+                return Enqueued(taken_by, SKIPPED)  # an open window: nothing stored
+            job_id = insert_unique(alias, params)
+            if job_id != params[0]:
+                raise _Held(job_id)  # a live job holds the key: the window goes back as it was
+        return Enqueued(job_id, STORED)
+    except _Held as held:
+        return Enqueued(held.holder, SKIPPED)
+
+
+class _Held(Exception):
+    """A throttled job that was not stored: a live job holds its key."""
+
+    def __init__(self, holder: str):
+        self.holder = holder
+
+
+def insert_unique(alias: str, params: list[Any]) -> str:
+    conn = connections[alias]
+    digest = params[-1]
+    # A shared-lock read sees the latest commit even where a plain read sees an older snapshot
+    # (MySQL's REPEATABLE READ); it is only the fallback, because it holds the holder's row until
+    # the caller commits.
+    share = backend_for(conn).features.shared_lock
+    lookup = "SELECT id, status FROM rws_jobs WHERE unique_hash = %s"
+    for _ in range(10):
+        try:
+            with transaction.atomic(using=alias), conn.cursor() as c:
+                c.execute(INSERT_SQL, params)
+            return params[0]
+        except IntegrityError:
+            pass
+        with transaction.atomic(using=alias), conn.cursor() as c:
+            c.execute(lookup, [digest])
+            row = c.fetchone()
+            if row is None and share:
+                c.execute(lookup + share, [digest])
+                row = c.fetchone()
+            if row is not None and row[1] in (Status.PENDING, Status.RUNNING, Status.WAITING):
+                return row[0]
+            if row is not None:
+                # A failed row still holding the key (a rust-web-server writer does not clear it): free it.
+                c.execute(
+                    "UPDATE rws_jobs SET unique_hash = NULL WHERE id = %s AND status = 'failed'", [row[0]]
+                )
+        # Otherwise the holder finished between the two statements: insert again.
+    raise RuntimeError(f"could not enqueue unique job {params[1]!r} key {params[8]!r}: kept conflicting")
+
+
+def prune_windows(store: Any, now: int) -> int:
+    """Delete the throttle windows that have passed (the lease keeper's tidy-up): how many."""
+    with store.writes, store.cursor() as c:
+        c.execute("DELETE FROM rws_unique_windows WHERE until <= %s", [now])
+        return int(c.rowcount)

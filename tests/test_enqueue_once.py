@@ -1,0 +1,303 @@
+"""Enqueueing once per burst (api/enqueue_once.py): ``on_conflict="replace"`` and its
+``max_delay`` (a debounce that always fires), ``unique_for`` (a throttle), and what each call
+says it did. In this process first; then many processes enqueueing at once, and real workers."""
+
+import json
+import time
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+
+import django_rws_jobs as rws
+from django_rws_jobs.api.enqueue_once import prune_windows
+from django_rws_jobs.database import clock
+from django_rws_jobs.models import Job, UniqueWindow
+from django_rws_jobs.queue.store import Store
+from tests.conftest import drain, run_python
+from tests.test_worker import wait_for, workers  # noqa: F401  (a fixture)
+from tests.testapp.models import Run
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def rows(key: str) -> list[tuple]:
+    return list(
+        Job.objects.filter(unique_key=key).order_by("created_at", "id").values_list("status", "payload")
+    )
+
+
+# -- replace -----------------------------------------------------------------------------------
+
+
+def test_a_replace_updates_the_waiting_holder_and_returns_its_id():
+    first = rws.enqueue("test.record", "v1", unique="k", on_conflict="replace", run_in=600, priority=1)
+    assert first.outcome == "stored"
+    second = rws.enqueue(
+        "test.record", "v2", unique="k", on_conflict="replace", run_in=30, priority=5, metadata={"n": 2}
+    )
+    assert (second, second.outcome) == (first, "replaced")
+    job = Job.objects.get(id=first)
+    assert (job.payload, job.priority, job.metadata) == ("v2", 5, {"n": 2})
+    assert job.next_run_at <= clock.now() + 31  # the new due time, not the first's
+    assert rows("k") == [("pending", "v2")]
+
+
+def test_skip_stays_the_default_and_says_so():
+    first = rws.enqueue("test.record", "v1", unique="s")
+    second = rws.enqueue("test.record", "v2", unique="s")
+    assert (first.outcome, second, second.outcome) == ("stored", first, "skipped")
+    assert isinstance(second, str) and rows("s") == [("pending", "v1")]
+
+
+def test_a_running_holder_is_never_changed_and_a_new_job_runs_after_it():
+    holder = rws.enqueue("test.record", "running", unique="r", on_conflict="replace")
+    store = Store(connection)
+    (claimed,) = store.claim("w#1", int(clock.now()), int(clock.now()) + 60, None, 1)
+    assert claimed.id == holder
+    after = rws.enqueue("test.record", "next", unique="r", on_conflict="replace")
+    assert (after.outcome, after != holder) == ("stored", True)
+    again = rws.enqueue("test.record", "newest", unique="r", on_conflict="replace")
+    assert (again, again.outcome) == (after, "replaced")  # the new job holds the key now
+    assert rows("r") == [("running", "running"), ("blocked", "newest")]
+    assert Job.objects.get(id=holder).unique_hash is None  # it gave the key up, nothing else
+    with connection.cursor() as c:  # rust-web-server's own check still sees the key taken
+        c.execute(
+            "SELECT id FROM rws_jobs WHERE job_type = %s AND unique_key = %s "
+            "AND status IN ('pending', 'running')",
+            ["test.record", "r"],
+        )
+        assert [r[0] for r in c.fetchall()] == [holder]
+
+
+def test_max_delay_caps_the_due_time_however_often_it_is_replaced():
+    first = rws.enqueue("test.record", "a", unique="d", on_conflict="replace", run_in=60, max_delay=100)
+    job = Job.objects.get(id=first)
+    assert job.due_by == job.created_at + 100
+    # The burst began 95 s ago: a replace asking for 60 s more is due at its cap instead.
+    Job.objects.filter(id=first).update(created_at=job.created_at - 95, due_by=job.due_by - 95)
+    again = rws.enqueue("test.record", "b", unique="d", on_conflict="replace", run_in=60, max_delay=100)
+    job = Job.objects.get(id=first)
+    assert (again.outcome, job.next_run_at, job.payload) == ("replaced", job.due_by, "b")
+    # A replace without max_delay keeps the burst's cap.
+    rws.enqueue("test.record", "c", unique="d", on_conflict="replace", run_in=3600)
+    assert Job.objects.get(id=first).next_run_at == job.due_by
+
+
+def test_a_holder_stored_without_max_delay_is_capped_from_its_enqueue():
+    first = rws.enqueue("test.record", "a", unique="e", run_in=600)
+    Job.objects.filter(id=first).update(created_at=int(clock.now()) - 50)
+    rws.enqueue("test.record", "b", unique="e", on_conflict="replace", run_in=600, max_delay=60)
+    job = Job.objects.get(id=first)
+    assert job.next_run_at == job.created_at + 60 == job.due_by
+
+
+def test_the_next_enqueue_after_the_job_ran_starts_a_new_burst():
+    first = rws.enqueue("test.record", "a", unique="n", on_conflict="replace", max_delay=10)
+    drain()
+    second = rws.enqueue("test.record", "b", unique="n", on_conflict="replace", run_in=60, max_delay=100)
+    assert (second.outcome, second != first) == ("stored", True)
+    job = Job.objects.get(id=second)
+    assert job.due_by == job.created_at + 100
+
+
+# -- throttle ----------------------------------------------------------------------------------
+
+
+def test_a_throttle_keeps_the_key_taken_after_the_job_succeeded():
+    first = rws.enqueue("test.record", "1", unique="t", unique_for=60)
+    assert first.outcome == "stored"
+    assert drain() == 1  # succeeded: its row is gone
+    second = rws.enqueue("test.record", "2", unique="t", unique_for=timedelta(minutes=1))
+    assert (second, second.outcome) == (first, "skipped")  # the id of the job that took the window
+    assert not Job.objects.exists()
+    UniqueWindow.objects.update(until=int(clock.now()) - 1)  # the window has passed
+    third = rws.enqueue("test.record", "3", unique="t", unique_for=60)
+    assert (third.outcome, third != first) == ("stored", True)
+    assert UniqueWindow.objects.get().job_id == third
+
+
+def test_passed_windows_are_pruned():
+    rws.enqueue("test.record", "1", unique="p1", unique_for=60)
+    rws.enqueue("test.record", "2", unique="p2", unique_for=60)
+    now = int(clock.now())
+    UniqueWindow.objects.filter(job_id__in=Job.objects.filter(unique_key="p1").values("id")).update(until=now)
+    assert prune_windows(Store(connection), now) == 1
+    assert UniqueWindow.objects.count() == 1
+
+
+def test_a_throttled_enqueue_beside_a_live_holder_takes_no_window():
+    holder = rws.enqueue("test.record", "plain", unique="h")
+    throttled = rws.enqueue("test.record", "throttled", unique="h", unique_for=60)
+    assert (throttled, throttled.outcome) == (holder, "skipped")
+    assert not UniqueWindow.objects.exists()
+
+
+def test_a_throttle_inside_a_rolled_back_transaction_leaves_no_window():
+    from django.db import transaction
+
+    with pytest.raises(RuntimeError), transaction.atomic():
+        rws.enqueue("test.record", "1", unique="rb", unique_for=60)
+        raise RuntimeError("the view failed")
+    assert not UniqueWindow.objects.exists() and not Job.objects.exists()
+    assert rws.enqueue("test.record", "2", unique="rb", unique_for=60).outcome == "stored"
+
+
+# -- bad input, enqueue_many, tasks ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "options, error",
+    [
+        (
+            {"on_conflict": "merge", "unique": "k"},
+            "on_conflict must be one of 'skip', 'replace', got 'merge'",
+        ),
+        ({"on_conflict": "replace"}, "on_conflict='replace' needs unique=key"),
+        ({"unique_for": 10}, "unique_for needs unique=key"),
+        ({"unique": "k", "max_delay": 10}, "max_delay needs on_conflict='replace'"),
+        (
+            {"unique": "k", "unique_for": -1},
+            "unique_for must be a finite number of seconds in (0, 31536000], got -1",
+        ),
+        (
+            {"unique": "k", "unique_for": 0},
+            "unique_for must be a finite number of seconds in (0, 31536000], got 0",
+        ),
+        (
+            {"unique": "k", "on_conflict": "replace", "max_delay": float("nan")},
+            "max_delay must be a finite number of seconds in [0, 31536000], got nan",
+        ),
+        ({"unique": "k", "on_conflict": "replace", "unique_for": 5}, "unique_for and on_conflict='replace'"),
+        ({"unique": "k", "on_conflict": "replace", "after": []}, "on_conflict='replace' and after="),
+        (
+            {"unique": "k", "unique_for": "soon"},
+            "unique_for must be a number of seconds or a timedelta, got str",
+        ),
+    ],
+)
+def test_bad_options_are_clear_errors(options, error):
+    with pytest.raises((TypeError, ValueError)) as raised:
+        rws.enqueue("test.record", "x", **options)
+    assert error in str(raised.value)
+    with pytest.raises((TypeError, ValueError)) as raised:
+        rws.enqueue_many([{"job_type": "test.record", **options}])
+    assert error in str(raised.value)
+    assert not Job.objects.exists() and not UniqueWindow.objects.exists()
+
+
+def test_enqueue_many_items_take_the_modes():
+    ids = rws.enqueue_many(
+        [
+            {"job_type": "test.record", "payload": "a1", "unique": "ma", "on_conflict": "replace"},
+            {"job_type": "test.record", "payload": "a2", "unique": "ma", "on_conflict": "replace"},
+            {"job_type": "test.record", "payload": "t1", "unique": "mt", "unique_for": 60},
+            {"job_type": "test.record", "payload": "t2", "unique": "mt", "unique_for": 60},
+            ("test.record", "plain"),
+        ]
+    )
+    assert [getattr(i, "outcome", "stored") for i in ids] == [
+        "stored",
+        "replaced",
+        "stored",
+        "skipped",
+        "stored",
+    ]
+    assert ids[0] == ids[1] and ids[2] == ids[3]
+    assert rows("ma") == [("pending", "a2")] and rows("mt") == [("pending", "t1")]
+
+
+def test_a_throttled_task_returns_the_result_of_the_task_that_took_the_window():
+    pytest.importorskip("django_rws_jobs.tasks.compat")
+    from tests.testapp.tasks import throttled
+
+    first = throttled.enqueue(7)
+    drain()
+    second = throttled.enqueue(7)
+    assert second.id == first.id
+    other = throttled.enqueue(8)  # other arguments, another key
+    assert other.id != first.id
+
+
+# -- many processes, real workers --------------------------------------------------------------
+
+RACE = """
+import json, sys
+import django_rws_jobs as rws
+out = []
+for i in range({n}):
+    got = rws.enqueue("test.payload_stable", f"{{sys.argv[0]}}-{{i}}", unique=f"key{{i % {keys}}}", {options})
+    out.append(got.outcome)
+print(json.dumps(out))
+"""
+
+
+def race(n: int, keys: int, options: str, processes: int = 4) -> Counter:
+    procs = [run_python(RACE.format(n=n, keys=keys, options=options)) for _ in range(processes)]
+    outcomes: Counter = Counter()
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+        outcomes.update(json.loads(out.strip().splitlines()[-1]))
+    return outcomes
+
+
+@pytest.mark.slow
+def test_replaces_racing_in_many_processes_leave_one_waiting_job_per_key():
+    outcomes = race(150, 5, "on_conflict='replace', run_in=3600")
+    assert outcomes["stored"] == 5 and outcomes["replaced"] == 4 * 150 - 5, outcomes
+    per_key = Counter(Job.objects.values_list("unique_key", flat=True))
+    assert per_key == Counter({f"key{k}": 1 for k in range(5)})
+
+
+@pytest.mark.slow
+def test_throttles_racing_in_many_processes_store_one_job_per_window():
+    outcomes = race(100, 3, "unique_for=3600")
+    assert outcomes == Counter({"stored": 3, "skipped": 4 * 100 - 3}), outcomes
+    assert Job.objects.count() == 3 and UniqueWindow.objects.count() == 3
+
+
+@pytest.mark.slow
+def test_replaces_beside_workers_never_change_a_running_job(workers):  # noqa: F811
+    w = workers("--workers", "4", "--no-schedules", jobs={"POLL_INTERVAL": 0.05})
+    w.started()
+    outcomes = race(150, 3, "on_conflict='replace'")
+    assert outcomes["stored"] >= 3 and outcomes["stored"] + outcomes["replaced"] == 600, outcomes
+    wait_for(lambda: not Job.objects.exists(), 60, what=f"every job to run:\n{w.output()}")
+    assert not Run.objects.filter(kind="mutated").exists()  # no running job's row was changed
+    assert Run.objects.filter(kind="stable").count() == outcomes["stored"]  # each stored job ran once
+    per_key = Counter(p.split("-")[0] for p in Run.objects.values_list("payload", flat=True))
+    assert sum(per_key.values()) == outcomes["stored"]
+
+
+@pytest.mark.slow
+def test_a_debounce_replaced_all_the_time_still_runs_within_max_delay(workers):  # noqa: F811
+    w = workers("--workers", "1", "--no-schedules", jobs={"POLL_INTERVAL": 0.1})
+    w.started()
+    started = time.time()
+    ran_at = None
+    while time.time() - started < 8:
+        rws.enqueue(
+            "test.record", f"{time.time():.3f}", unique="burst", on_conflict="replace", run_in=2, max_delay=3
+        )
+        if ran_at is None and Run.objects.filter(kind="record").exists():
+            ran_at = time.time()
+        time.sleep(0.2)
+    assert ran_at is not None, w.output()
+    # Due 3 s after the burst's first enqueue at the latest (the queue's clock counts whole
+    # seconds, and the worker polls every 0.1 s).
+    assert ran_at - started < 3 + 1.5, ran_at - started
+    assert Run.objects.filter(kind="record").count() >= 2  # each later burst ran too
+
+
+@pytest.mark.slow
+def test_a_worker_deletes_passed_windows(workers):  # noqa: F811
+    rws.enqueue("test.record", "1", unique="gone", unique_for=1)
+    kept = rws.enqueue("test.record", "2", unique="kept", unique_for=3600)
+    w = workers("--workers", "1", "--no-schedules", jobs={"RECOVERY_INTERVAL": 0.5})
+    wait_for(
+        lambda: list(UniqueWindow.objects.values_list("job_id", flat=True)) == [kept],
+        30,
+        what=f"the passed window to be deleted, the open one kept:\n{w.output()}",
+    )
