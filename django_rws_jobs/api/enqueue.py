@@ -140,7 +140,7 @@ def enqueue(
     With ``unique=key``, while a job of this type and key is pending or running nothing is
     inserted and that job's id is returned (the database enforces it across processes).
     ``on_conflict="replace"``: a waiting holder takes this call's payload, due time and options
-    instead (a running one is never changed: a new job is stored to run after it), and
+    instead (a running one is never changed: nothing is stored, as with "skip"), and
     ``max_delay`` seconds bounds how late replaces make it due; ``unique_for`` seconds keeps the key
     taken that long after the enqueue that took it, even once that job succeeded (a throttle).
     The id returned is a ``str`` whose ``outcome`` says what the call did: "stored", "skipped" or
@@ -246,7 +246,7 @@ def _insert_prepared(
     member_of = open_batch_id(alias)
     if deps is not None:
         params[10] = "blocked"
-    if member_of is not None or deps is not None or once is not None:
+    if member_of is not None or deps is not None:
         # The job, its member row, the batch's total and its dependencies in one transaction.
         params[13] = member_of
         with transaction.atomic(using=alias):
@@ -260,7 +260,7 @@ def _insert_prepared(
                         connections[alias], job_id, *deps, on_cancelled=cancelled_by_dependencies
                     )
     else:
-        job_id = _insert_one(alias, params)
+        job_id = _insert_one(alias, params, once)
     if params[11] is not None and params[4] <= params[5] and params[10] != "blocked":
         _promote_at_commit(alias, params[11])  # a due job with a concurrency key
     wake_local_workers(alias)

@@ -2,12 +2,13 @@
 
 - ``on_conflict="skip"`` (the default): the live job holding the key keeps it; its id is returned.
 - ``on_conflict="replace"``: a holder that waits (pending, waiting for its concurrency key, or
-  blocked) takes the call's payload, due time and options, in one fenced UPDATE (``status`` in
-  the condition), and its id is returned. A running holder is never changed: it gives the key up
-  (its ``unique_hash`` cleared, fenced on ``status = 'running'``) and a new job is stored with
-  the key, blocked until the holder ends (a dependency with the "run" policy), so it starts after
-  it. Two replaces racing leave one waiting job: the database's unique index lets one insert
-  win, and the other replaces it.
+  blocked) takes the call's payload, due time and options, in one statement whose condition
+  includes its status (``replace_job``), and its id is returned. A running holder is never
+  changed, nor its row touched: the call stores nothing and returns its id ("skipped"), as
+  "skip" does (storing a job to run after it is not built yet: the running row would have to give
+  its key up, and an update of a running row drops its worker's outcome on PostgreSQL, whose
+  completion deletes by the row version). Two replaces racing leave one waiting job: the
+  database's unique index lets one insert win, and the other replaces it.
 - ``max_delay=M`` (with replace): a burst's first job is due no later than ``M`` seconds after
   its enqueue (``rws_jobs.due_by``); a replace never moves it past that.
 - ``unique_for=S``: a throttle. The enqueue that stores the job takes the key's window in
@@ -34,8 +35,6 @@ from ..database.backends import backend_for
 from ..database.backends.inserts import INSERT_SQL
 from ..database.validation import show
 from ..models import Status
-from ..workflows import dependencies
-from ..workflows.batch_outcomes import cancelled_by_dependencies
 
 #: enqueue's on_conflict values.
 ON_CONFLICT = ("skip", "replace")
@@ -141,13 +140,37 @@ def insert_once(alias: str, params: list[Any], once: Once) -> Enqueued:
 
 
 def _replaced(alias: str, params: list[Any], once: Once) -> Enqueued:
+    """One statement where it can (``replace_job``): an insert, or a waiting holder replaced;
+    the holder that runs (or a failed one that kept its hash) goes the long way."""
     conn = connections[alias]
-    now = int(params[5])
-    digest = params[-1]
-    lock = backend_for(conn).features.row_lock
-    due_by = None if once.max_delay is None else math.floor(now + once.max_delay)
+    backend = backend_for(conn)
+    due_by = None if once.max_delay is None else math.floor(params[5] + once.max_delay)
     if due_by is not None:
         params[4] = min(params[4], due_by)
+    max_delay = None if once.max_delay is None else math.floor(once.max_delay)
+    statement = backend.replace_job(params, due_by, max_delay)
+    if backend.replace_returns:  # one statement: no transaction of its own needed
+        with conn.cursor() as c:
+            c.execute(*statement)
+            row = c.fetchone()
+    else:
+        with transaction.atomic(using=alias), conn.cursor() as c:
+            c.execute(*statement)
+            # The row read back under the lock the statement took.
+            lock = backend.features.row_lock
+            c.execute("SELECT id, status FROM rws_jobs WHERE unique_hash = %s" + lock, [params[-1]])
+            row = c.fetchone()
+    if row is not None and row[0] == params[0]:
+        return Enqueued(params[0], STORED)
+    if row is not None and row[1] in ("pending", "waiting", "blocked"):
+        return Enqueued(row[0], REPLACED)
+    return _replaced_slowly(alias, params, once, due_by)
+
+
+def _replaced_slowly(alias: str, params: list[Any], once: Once, due_by: int | None) -> Enqueued:
+    conn = connections[alias]
+    digest = params[-1]
+    lock = backend_for(conn).features.row_lock
     for _ in range(TRIES):
         try:
             with transaction.atomic(using=alias), conn.cursor() as c:
@@ -180,22 +203,10 @@ def _replaced(alias: str, params: list[Any], once: Once) -> Enqueued:
                     return Enqueued(holder, REPLACED)
                 continue
             if status == "running":
-                # Never changed: it gives the key up, and a new job takes it, run after it.
-                c.execute(
-                    "UPDATE rws_jobs SET unique_hash = NULL "
-                    "WHERE id = %s AND unique_hash = %s AND status = 'running'",
-                    [holder, digest],
-                )
-                if c.rowcount != 1:
-                    continue
-                params[10] = "blocked"
-                c.execute(INSERT_SQL, params)
-                if due_by is not None:
-                    c.execute("UPDATE rws_jobs SET due_by = %s WHERE id = %s", [due_by, params[0]])
-                dependencies.add(
-                    conn, params[0], [(holder, False)], "run", on_cancelled=cancelled_by_dependencies
-                )
-                return Enqueued(params[0], STORED)
+                # Never changed, and its row not touched at all: an update of a running row
+                # would change the row version its worker's completion deletes by (PostgreSQL's
+                # ctid), and drop its outcome. Nothing is stored (see the module's docstring).
+                return Enqueued(holder, SKIPPED)
             # A failed row still holding the key (a rust-web-server writer does not clear it): free it.
             c.execute("UPDATE rws_jobs SET unique_hash = NULL WHERE id = %s AND status = 'failed'", [holder])
     raise RuntimeError(f"could not enqueue unique job {params[1]!r} key {params[8]!r}: kept conflicting")

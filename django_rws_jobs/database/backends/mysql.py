@@ -14,12 +14,15 @@ from . import horizon
 from .base import BaseBackend, BaseFeatures, Store, idle_transaction_seconds, is_registered
 from .claimed import CLAIM_COLUMNS, Claimed, claim_order_key
 from .cursors import DriverCursor
+from .inserts import INSERT_HEAD, INSERT_VALUES
 from .mysql_inserts import check_insert_size, insert_quoted, insert_sized, max_statement_bytes, pipelines
 from .statements import (
     CLAIM_INDEX,
     CLAIM_SET,
     DUE_INDEX,
     QUEUE_INDEX,
+    REPLACED,
+    WAITS,
     Sql,
     below_filter,
     one_queue,
@@ -148,6 +151,22 @@ class MySQLBackend(BaseBackend):
         sets = [f"{c} = VALUES({c})" for c in values]
         return self._insert_rows(table, [*keys, *values], rows).add(
             f" ON DUPLICATE KEY UPDATE {', '.join(sets)}"
+        )
+
+    replace_returns = False
+
+    def replace_job(self, params: Sequence[Any], due_by: int | None, max_delay: int | None) -> Sql:
+        # Each assignment sees the ones before it: next_run_at reads the old due_by. The caller
+        # reads the row back under its lock (no RETURNING with ON DUPLICATE KEY UPDATE).
+        waits = f"status IN {WAITS}"
+        sets = ", ".join(f"{c} = IF({waits}, VALUES({c}), {c})" for c in REPLACED)
+        return Sql(
+            f"{INSERT_HEAD.replace(') VALUES ', ', due_by) VALUES ')}{INSERT_VALUES[:-1]}, %s) "
+            f"ON DUPLICATE KEY UPDATE {sets}, "
+            f"next_run_at = IF({waits}, LEAST(VALUES(next_run_at), "
+            "COALESCE(due_by, created_at + %s, VALUES(next_run_at))), next_run_at), "
+            f"due_by = IF({waits}, COALESCE(due_by, created_at + %s), due_by)",
+            [*params, due_by, max_delay, max_delay],
         )
 
     def deadlocked(self, exc: BaseException) -> bool:

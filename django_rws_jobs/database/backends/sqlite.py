@@ -54,6 +54,7 @@ class SQLiteFeatures(BaseFeatures):
 
 class SQLiteBackend(BaseBackend):
     greatest = "MAX"
+    least = "MIN"
     features_class = SQLiteFeatures
 
     def due_index_hint(self) -> str:

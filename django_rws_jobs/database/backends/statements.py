@@ -13,6 +13,7 @@ from typing import Any
 
 from ...models import CLAIM_ORDER_COLUMNS, Job
 from .claimed import CLAIM_COLUMNS
+from .inserts import INSERT_HEAD, INSERT_VALUES
 
 
 class Sql:
@@ -44,6 +45,10 @@ class Sql:
 CLAIM_SET = "status = 'running', locked_by = %s, locked_until = %s, started_at = %s"
 #: What a deletion of finished jobs returns: each deleted job's id, batch_id and has_dependents.
 DELETED_RETURNING = " RETURNING id, batch_id, has_dependents"
+#: What a replace changes of the waiting job holding a key, besides its due time
+#: (api/enqueue_once.py), and the statuses of a job that waits.
+REPLACED = ("payload", "max_retries", "queue", "priority", "timeout", "metadata")
+WAITS = "('pending', 'waiting', 'blocked')"
 #: Bands without due jobs a claim's band walk passes before it looks for the highest due band by
 #: reading the due rows (see due_band_select).
 MAX_BAND_WALK = 64
@@ -132,6 +137,8 @@ class Statements:
     claim_key = "id"
     #: The function that picks the larger of two values (SQLite's is the scalar MAX).
     greatest = "GREATEST"
+    #: And the smaller (SQLite's is the scalar MIN).
+    least = "LEAST"
 
     def upsert_adding(
         self,
@@ -161,6 +168,25 @@ class Statements:
         sets = [f"{c} = excluded.{c}" for c in values]
         return self._insert_rows(table, [*keys, *values], rows).add(
             f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {', '.join(sets)}"
+        )
+
+    #: Whether ``replace_job`` returns the row it inserted or changed (id, status).
+    replace_returns = True
+
+    def replace_job(self, params: Sequence[Any], due_by: int | None, max_delay: int | None) -> Sql:
+        """Insert a unique job (prepare's row, with ``due_by``), or give the waiting job holding
+        its key its payload and options, its due time capped at its burst's (``max_delay``
+        seconds after its enqueue, unless it has a cap): one statement, which returns the row's
+        (id, status), none when the holder does not wait (api/enqueue_once.py)."""
+        sets = ", ".join(f"{c} = excluded.{c}" for c in REPLACED)
+        return Sql(
+            f"{INSERT_HEAD.replace(') VALUES ', ', due_by) VALUES ')}{INSERT_VALUES[:-1]}, %s) "
+            f"ON CONFLICT (unique_hash) DO UPDATE SET {sets}, "
+            f"next_run_at = {self.least}(excluded.next_run_at, "
+            "COALESCE(rws_jobs.due_by, rws_jobs.created_at + %s, excluded.next_run_at)), "
+            "due_by = COALESCE(rws_jobs.due_by, rws_jobs.created_at + %s) "
+            f"WHERE rws_jobs.status IN {WAITS} RETURNING id, status",
+            [*params, due_by, max_delay, max_delay],
         )
 
     def take_window(self, digest: str, job_id: str, now: int, until: int) -> Sql:
