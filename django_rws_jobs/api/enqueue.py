@@ -38,10 +38,11 @@ from ..workflows import dependencies
 from ..workflows.batch_outcomes import cancel_if_failing, cancelled_by_dependencies
 from ..workflows.members import join, open_batch
 from .enqueue_once import (
-    SKIPPED,
     STORED,
     Enqueued,
     Once,
+    Skipped,
+    Stored,
     insert_once,
     insert_unique,
     once_options,
@@ -155,7 +156,11 @@ def enqueue(
     and ``current_job().metadata`` in its handler.
     """
     alias = queue_alias(using)
-    once = once_options(unique, on_conflict, max_delay, unique_for, after)
+    once = (
+        None
+        if on_conflict == "skip" and max_delay is None and unique_for is None
+        else once_options(unique, on_conflict, max_delay, unique_for, after)
+    )
     deps = waits_for(after, on_dependency_failure)
 
     def store(metadata: Any) -> str:
@@ -270,11 +275,11 @@ def _insert_prepared(
 def _insert_one(alias: str, params: list[Any], once: Once | None = None) -> Enqueued:
     if params[-1] is None:
         _insert(connections[alias], params)
-        return Enqueued(params[0], STORED)
+        return Stored(params[0])
     if once is not None:
         return insert_once(alias, params, once)
     job_id = insert_unique(alias, params)
-    return Enqueued(job_id, STORED if job_id == params[0] else SKIPPED)
+    return Stored(job_id) if job_id == params[0] else Skipped(job_id)
 
 
 def open_batch_id(alias: str) -> str | None:

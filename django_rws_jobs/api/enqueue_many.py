@@ -23,7 +23,7 @@ from ..workflows import dependencies
 from ..workflows.batch_outcomes import cancel_if_failing, cancelled_by_dependencies
 from ..workflows.members import join
 from .enqueue import open_batch_id, prepare, waits_for, wake_local_workers
-from .enqueue_once import SKIPPED, STORED, Enqueued, Once, insert_once, insert_unique, once_options
+from .enqueue_once import STORED, Enqueued, Once, Skipped, Stored, insert_once, insert_unique, once_options
 
 #: What a dict item of enqueue_many may hold: enqueue's options, nothing internal.
 ITEM_KEYS = (
@@ -186,4 +186,4 @@ def _insert_unique_checked(
     if once is not None:
         return insert_once(alias, params, once)
     job_id = insert_unique(alias, params)
-    return Enqueued(job_id, STORED if job_id == params[0] else SKIPPED)
+    return Stored(job_id) if job_id == params[0] else Skipped(job_id)

@@ -64,17 +64,26 @@ class Enqueued(str):
     """A job's id as ``enqueue`` returns it (a ``str``), and what the call did: ``outcome`` is
     "stored" (a new job), "skipped" (nothing stored: the id is the job that holds the key, or
     that took its throttle window) or "replaced" (a waiting job took this call's payload, due
-    time and options: its id)."""
+    time and options: its id). One subclass per outcome, so that making one is str's own
+    constructor: a plain enqueue pays for no more (docs/benchmarks.md)."""
 
-    outcome: str
+    __slots__ = ()
+    outcome = ""
 
-    def __new__(cls, job_id: str, outcome: str) -> Enqueued:
-        made = super().__new__(cls, job_id)
-        made.outcome = outcome
-        return made
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Enqueued, (str(self), self.outcome))
+class Stored(Enqueued):
+    __slots__ = ()
+    outcome = STORED
+
+
+class Skipped(Enqueued):
+    __slots__ = ()
+    outcome = SKIPPED
+
+
+class Replaced(Enqueued):
+    __slots__ = ()
+    outcome = REPLACED
 
 
 @dataclass(frozen=True)
@@ -161,9 +170,9 @@ def _replaced(alias: str, params: list[Any], once: Once) -> Enqueued:
             c.execute("SELECT id, status FROM rws_jobs WHERE unique_hash = %s" + lock, [params[-1]])
             row = c.fetchone()
     if row is not None and row[0] == params[0]:
-        return Enqueued(params[0], STORED)
+        return Stored(params[0])
     if row is not None and row[1] in ("pending", "waiting", "blocked"):
-        return Enqueued(row[0], REPLACED)
+        return Replaced(row[0])
     return _replaced_slowly(alias, params, once, due_by)
 
 
@@ -177,7 +186,7 @@ def _replaced_slowly(alias: str, params: list[Any], once: Once, due_by: int | No
                 c.execute(INSERT_SQL, params)
                 if due_by is not None:
                     c.execute("UPDATE rws_jobs SET due_by = %s WHERE id = %s", [due_by, params[0]])
-            return Enqueued(params[0], STORED)
+            return Stored(params[0])
         except IntegrityError:
             pass
         with transaction.atomic(using=alias), conn.cursor() as c:
@@ -200,13 +209,13 @@ def _replaced_slowly(alias: str, params: list[Any], once: Once, due_by: int | No
                     [*(params[i] for _, i in REPLACED_COLUMNS), due, cap, holder, digest],
                 )
                 if c.rowcount == 1:
-                    return Enqueued(holder, REPLACED)
+                    return Replaced(holder)
                 continue
             if status == "running":
                 # Never changed, and its row not touched at all: an update of a running row
                 # would change the row version its worker's completion deletes by (PostgreSQL's
                 # ctid), and drop its outcome. Nothing is stored (see the module's docstring).
-                return Enqueued(holder, SKIPPED)
+                return Skipped(holder)
             # A failed row still holding the key (a rust-web-server writer does not clear it): free it.
             c.execute("UPDATE rws_jobs SET unique_hash = NULL WHERE id = %s AND status = 'failed'", [holder])
     raise RuntimeError(f"could not enqueue unique job {params[1]!r} key {params[8]!r}: kept conflicting")
@@ -227,13 +236,13 @@ def _throttled(alias: str, params: list[Any], seconds: float) -> Enqueued:
                 c.execute("SELECT job_id FROM rws_unique_windows WHERE unique_hash = %s" + lock, [digest])
                 (taken_by,) = c.fetchone()
             if taken_by != params[0]:
-                return Enqueued(taken_by, SKIPPED)  # an open window: nothing stored
+                return Skipped(taken_by)  # an open window: nothing stored
             job_id = insert_unique(alias, params)
             if job_id != params[0]:
                 raise _Held(job_id)  # a live job holds the key: the window goes back as it was
-        return Enqueued(job_id, STORED)
+        return Stored(job_id)
     except _Held as held:
-        return Enqueued(held.holder, SKIPPED)
+        return Skipped(held.holder)
 
 
 class _Held(Exception):
