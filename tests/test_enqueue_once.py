@@ -301,3 +301,13 @@ def test_a_worker_deletes_passed_windows(workers):  # noqa: F811
         30,
         what=f"the passed window to be deleted, the open one kept:\n{w.output()}",
     )
+
+
+def test_a_task_throttle_needs_unique():
+    tasks_api = pytest.importorskip("django_rws_jobs.tasks.compat")
+    from tests.testapp.tasks import noop
+
+    with pytest.raises(tasks_api.InvalidTask, match="unique_for needs unique=key"):
+        noop.with_options(unique_for=60)
+    with pytest.raises(tasks_api.InvalidTask, match=r"unique_for must be a finite number of seconds in \(0"):
+        noop.with_options(unique=True, unique_for=-5)
