@@ -295,7 +295,7 @@ def test_a_debounce_replaced_all_the_time_still_runs_within_max_delay(workers): 
 def test_a_worker_deletes_passed_windows(workers):  # noqa: F811
     rws.enqueue("test.record", "1", unique="gone", unique_for=1)
     kept = rws.enqueue("test.record", "2", unique="kept", unique_for=3600)
-    w = workers("--workers", "1", "--no-schedules", jobs={"RECOVERY_INTERVAL": 0.5})
+    w = workers("--workers", "1", "--no-schedules", jobs={"LEASE_SECONDS": 3, "RECOVERY_INTERVAL": 0.5})
     wait_for(
         lambda: list(UniqueWindow.objects.values_list("job_id", flat=True)) == [kept],
         30,
