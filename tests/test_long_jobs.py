@@ -380,8 +380,12 @@ def test_kill_9_mid_loop_resumes_from_a_recent_cursor(workers, pool, job_type, t
     wait_worked(label, 120)
     w.proc.send_signal(signal.SIGKILL)
     w.proc.wait()
+    # A process pool's child ends once it sees its worker gone (a thread of its own waits on the
+    # worker's pidfd, then needs the GIL: milliseconds, during which an item may still commit):
+    # from half a second on, nothing is worked on any more.
+    time.sleep(0.5)
     before = worked(label)
-    time.sleep(1)  # a process pool's child dies with its worker: nothing is worked on any more
+    time.sleep(1.5)
     assert worked(label) == before
     cursor = saved(job_id)["cursors"]["iterate-1"]
     time.sleep(4)  # its lease (3 s) runs out: the next worker takes the job back as it starts
