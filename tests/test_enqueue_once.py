@@ -15,6 +15,8 @@ from django_rws_jobs.api.enqueue_once import prune_windows
 from django_rws_jobs.database import clock
 from django_rws_jobs.models import Job, UniqueWindow
 from django_rws_jobs.queue.store import Store
+from django_rws_jobs.queue.unique_keys import unique_hash
+from django_rws_jobs.workflows.dependency_outcomes import sweep
 from tests.conftest import drain, run_python
 from tests.test_worker import wait_for, workers  # noqa: F401  (a fixture)
 from tests.testapp.models import Run
@@ -51,24 +53,87 @@ def test_skip_stays_the_default_and_says_so():
     assert isinstance(second, str) and rows("s") == [("pending", "v1")]
 
 
-def test_a_running_holder_is_never_changed():
+def claim_one(store: Store, expected: str):
+    (claimed,) = store.claim("w#1", int(clock.now()), int(clock.now()) + 60, None, 1)
+    assert claimed.id == expected
+    return claimed
+
+
+def holder_of(key: str, job_type: str = "test.record") -> tuple:
+    with connection.cursor() as c:
+        c.execute("SELECT id, status FROM rws_jobs WHERE unique_hash = %s", [unique_hash(job_type, key)])
+        return c.fetchone()
+
+
+def test_a_running_holder_is_never_changed_and_a_successor_waits_for_it():
     holder = rws.enqueue("test.record", "running", unique="r", on_conflict="replace")
     store = Store(connection)
-    (claimed,) = store.claim("w#1", int(clock.now()), int(clock.now()) + 60, None, 1)
-    assert claimed.id == holder
-    before = Job.objects.filter(id=holder).values().get()
-    again = rws.enqueue("test.record", "next", unique="r", on_conflict="replace")
-    assert (again, again.outcome) == (holder, "skipped")  # nothing stored yet (see the how-to)
-    assert Job.objects.filter(id=holder).values().get() == before  # its row untouched
+    claimed = claim_one(store, holder)
+    fields = [f.attname for f in Job._meta.concrete_fields if f.attname != "has_dependents"]
+    before = Job.objects.filter(id=holder).values(*fields).get()
+    successor = rws.enqueue("test.record", "next", unique="r", on_conflict="replace", priority=3)
+    assert successor != holder and successor.outcome == "stored"
+    again = rws.enqueue("test.record", "newer", unique="r", on_conflict="replace")
+    assert (again, again.outcome) == (successor, "replaced")  # one successor per key
+    # Its row unchanged but for the flag that tells its worker to resolve what waits for it,
+    # as for any enqueue(after=[a running job]).
+    assert Job.objects.filter(id=holder).values(*fields).get() == before
+    assert rows("r") == [("running", "running"), ("blocked", "newer")]
+    skipped = rws.enqueue("test.record", "skip", unique="r")
+    assert (skipped, skipped.outcome) == (holder, "skipped")  # the running holder keeps the key
     assert store.complete(claimed)  # its worker's outcome still applies
-    with connection.cursor() as c:  # rust-web-server's own check sees the key free again
+    sweep(store, int(clock.now()))  # (a worker resolves what waits at once: test_successors_*)
+    assert rows("r") == [("pending", "newer")]
+    assert holder_of("r") == (successor, "pending")  # released, it holds the key's own hash
+    with connection.cursor() as c:  # and rust-web-server's own check sees it
         c.execute(
             "SELECT id FROM rws_jobs WHERE job_type = %s AND unique_key = %s "
             "AND status IN ('pending', 'running')",
             ["test.record", "r"],
         )
-        assert list(c.fetchall()) == []
-    assert rws.enqueue("test.record", "after", unique="r", on_conflict="replace").outcome == "stored"
+        assert [row[0] for row in c.fetchall()] == [successor]
+    latest = rws.enqueue("test.record", "latest", unique="r", on_conflict="replace")
+    assert (latest, latest.outcome) == (successor, "replaced")
+
+
+def test_a_successor_runs_after_a_holder_that_failed():
+    holder = rws.enqueue("test.fail", "x", unique="f", on_conflict="replace", max_retries=0)
+    store = Store(connection)
+    claimed = claim_one(store, holder)
+    successor = rws.enqueue("test.fail", "y", unique="f", on_conflict="replace")
+    assert successor.outcome == "stored"
+    assert store.move_to_dead_letters(claimed, 1, "boom", None, int(clock.now()))
+    sweep(store, int(clock.now()))
+    assert holder_of("f", "test.fail") == (successor, "pending")
+
+
+def test_a_successor_whose_key_was_taken_meanwhile_gives_way():
+    """The holder ended, and before anything released its successor an enqueue found the key
+    free: a waiting taker is the newer, and the successor is cancelled, saying so; a running
+    taker becomes what the successor waits for."""
+    store = Store(connection)
+    for key, taker_runs in (("w", False), ("t", True)):
+        holder = rws.enqueue("test.record", "1", unique=key, on_conflict="replace")
+        claimed = claim_one(store, holder)
+        successor = rws.enqueue("test.record", "2", unique=key, on_conflict="replace")
+        assert store.complete(claimed)  # and nothing resolved its successor yet
+        taker = rws.enqueue("test.record", "3", unique=key, on_conflict="replace")
+        assert taker.outcome == "stored" and taker != successor
+        if taker_runs:
+            taken = claim_one(store, taker)
+        sweep(store, int(clock.now()))
+        job = Job.objects.get(id=successor)
+        if not taker_runs:
+            assert (job.status, job.unique_hash) == ("cancelled", None)
+            assert "newer job with its unique key" in job.last_error
+            assert holder_of(key) == (taker, "pending")
+            Job.objects.filter(id=taker).delete()
+            continue
+        assert job.status == "blocked"  # it waits for the taker now
+        assert holder_of(key) == (taker, "running")
+        assert store.complete(taken)
+        sweep(store, int(clock.now()))
+        assert holder_of(key) == (successor, "pending")
 
 
 def test_max_delay_caps_the_due_time_however_often_it_is_replaced():
@@ -227,7 +292,8 @@ import json, sys
 import django_rws_jobs as rws
 out = []
 for i in range({n}):
-    got = rws.enqueue("test.payload_stable", f"{{sys.argv[0]}}-{{i}}", unique=f"key{{i % {keys}}}", {options})
+    key = f"key{{i % {keys}}}"
+    got = rws.enqueue("test.payload_stable", f"{{key}}:{{i}}", unique=key, {options})
     out.append(got.outcome)
 print(json.dumps(out))
 """
@@ -260,15 +326,26 @@ def test_throttles_racing_in_many_processes_store_one_job_per_window():
 
 @pytest.mark.slow
 def test_replaces_beside_workers_never_change_a_running_job(workers):  # noqa: F811
+    """Replaces race the workers that run their keys' jobs: no running job's row changes, each
+    job stored runs once (or, a successor whose key a newer job took, is cancelled), and a key's
+    jobs run one after another: a successor starts after its holder ended."""
     w = workers("--workers", "4", "--no-schedules", jobs={"POLL_INTERVAL": 0.05})
     w.started()
     outcomes = race(150, 3, "on_conflict='replace'")
     assert outcomes["stored"] >= 3 and sum(outcomes.values()) == 600, outcomes
-    wait_for(lambda: not Job.objects.exists(), 60, what=f"every job to run:\n{w.output()}")
+    live = ("pending", "running", "waiting", "blocked")
+    wait_for(
+        lambda: not Job.objects.filter(status__in=live).exists(), 60, what=f"every job to end:\n{w.output()}"
+    )
     assert not Run.objects.filter(kind="mutated").exists()  # no running job's row was changed
-    assert Run.objects.filter(kind="stable").count() == outcomes["stored"]  # each stored job ran once
-    per_key = Counter(p.split("-")[0] for p in Run.objects.values_list("payload", flat=True))
-    assert sum(per_key.values()) == outcomes["stored"]
+    cancelled = Job.objects.filter(status="cancelled")
+    assert all("newer job" in job.last_error for job in cancelled)
+    ran = Run.objects.filter(kind="stable").count()
+    assert ran == outcomes["stored"] - cancelled.count()  # each stored job ran once
+    for key in ("key0", "key1", "key2"):
+        traces = Run.objects.filter(payload__startswith=f"{key}:").order_by("id")
+        kinds = list(traces.values_list("kind", flat=True))
+        assert kinds == ["started", "stable"] * (len(kinds) // 2), (key, kinds)  # never two at once
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from ..models import Dependency, Job, JobQuerySet, Status
 from ..operations import humanize
 from ..queue.progress import parse_progress
 from ..queue.registry import registry, time_limit
+from ..workflows.successors import SUCCESSOR_POLICY
 from . import overview
 from .common import (
     QueueDatabaseAdmin,
@@ -246,7 +247,7 @@ class JobDisplay(TaskFields, QueueDatabaseAdmin):
                     url,
                     dep,
                     outcome or _("not ended"),
-                    policy,
+                    _("run it, as its key's successor") if policy == SUCCESSOR_POLICY else policy,
                 )
             )
         return format_html("<ul>{}</ul>", format_html_join("", "{}", ((i,) for i in items)))

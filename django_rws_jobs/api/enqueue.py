@@ -34,6 +34,7 @@ from ..queue import ids, middleware
 from ..queue.metadata import metadata_text
 from ..queue.registry import registry
 from ..queue.store import Store
+from ..queue.unique_keys import unique_hash
 from ..workflows import dependencies
 from ..workflows.batch_outcomes import cancel_if_failing, cancelled_by_dependencies
 from ..workflows.members import join, open_batch
@@ -46,7 +47,6 @@ from .enqueue_once import (
     insert_once,
     insert_unique,
     once_options,
-    unique_hash,
 )
 
 logger = logging.getLogger("django_rws_jobs")
@@ -141,7 +141,7 @@ def enqueue(
     With ``unique=key``, while a job of this type and key is pending or running nothing is
     inserted and that job's id is returned (the database enforces it across processes).
     ``on_conflict="replace"``: a waiting holder takes this call's payload, due time and options
-    instead (a running one is never changed: nothing is stored, as with "skip"), and
+    instead (a running one is never changed: a job is stored to run after it, keyed the same), and
     ``max_delay`` seconds bounds how late replaces make it due; ``unique_for`` seconds keeps the key
     taken that long after the enqueue that took it, even once that job succeeded (a throttle).
     The id returned is a ``str`` whose ``outcome`` says what the call did: "stored", "skipped" or

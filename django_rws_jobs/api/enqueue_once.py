@@ -4,11 +4,10 @@
 - ``on_conflict="replace"``: a holder that waits (pending, waiting for its concurrency key, or
   blocked) takes the call's payload, due time and options, in one statement whose condition
   includes its status (``replace_job``), and its id is returned. A running holder is never
-  changed, nor its row touched: the call stores nothing and returns its id ("skipped"), as
-  "skip" does (storing a job to run after it is not built yet: the running row would have to give
-  its key up, and an update of a running row drops its worker's outcome on PostgreSQL, whose
-  completion deletes by the row version). Two replaces racing leave one waiting job: the
-  database's unique index lets one insert win, and the other replaces it.
+  changed: the call stores its successor, blocked until the holder ends, under the key's
+  successor hash (one per key; a replace while the holder runs replaces it), which takes the
+  key's own hash once released (workflows/successors.py). Two replaces racing leave one waiting
+  job: the database's unique index lets one insert win, and the other replaces it.
 - ``max_delay=M`` (with replace): a burst's first job is due no later than ``M`` seconds after
   its enqueue (``rws_jobs.due_by``); a replace never moves it past that.
 - ``unique_for=S``: a throttle. The enqueue that stores the job takes the key's window in
@@ -24,7 +23,6 @@ Each returns an ``Enqueued``: the id, a ``str`` as before, with ``outcome`` "sto
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -35,11 +33,16 @@ from ..database.backends import backend_for
 from ..database.backends.inserts import INSERT_SQL
 from ..database.validation import show
 from ..models import Status
+from ..queue.unique_keys import successor_hash
+from ..workflows import dependencies
+from ..workflows.successors import SUCCESSOR_POLICY
 
 #: enqueue's on_conflict values.
 ON_CONFLICT = ("skip", "replace")
 #: The longest max_delay and unique_for, in seconds: a year, as RWS_JOBS["BACKOFF_MAX"].
 SECONDS_MAX = 365 * 86400
+#: The statuses of a holder that a replace changes: it has not started.
+WAITS = ("pending", "waiting", "blocked")
 #: Tries before giving up on a key that keeps changing hands under the call.
 TRIES = 10
 
@@ -54,10 +57,6 @@ REPLACED_COLUMNS = (
     ("timeout", 9),
     ("metadata", 15),
 )
-
-
-def unique_hash(job_type: str, unique: str) -> str:
-    return hashlib.sha256(f"{job_type}\x00{unique}".encode()).hexdigest()
 
 
 class Enqueued(str):
@@ -149,13 +148,56 @@ def insert_once(alias: str, params: list[Any], once: Once) -> Enqueued:
 
 
 def _replaced(alias: str, params: list[Any], once: Once) -> Enqueued:
-    """One statement where it can (``replace_job``): an insert, or a waiting holder replaced;
-    the holder that runs (or a failed one that kept its hash) goes the long way."""
-    conn = connections[alias]
-    backend = backend_for(conn)
+    """A waiting holder replaced, or the job stored: beside a running holder, as its successor."""
     due_by = None if once.max_delay is None else math.floor(params[5] + once.max_delay)
     if due_by is not None:
         params[4] = min(params[4], due_by)
+    for _ in range(TRIES):
+        found = _replace(alias, params, once, due_by)
+        if isinstance(found, Enqueued):
+            return found
+        stored = _stored_after(alias, params, once, due_by, found)
+        if stored is not None:
+            return stored
+        # The holder ended meanwhile: its key is free again.
+    raise RuntimeError(f"could not enqueue unique job {params[1]!r} key {params[8]!r}: kept conflicting")
+
+
+def _stored_after(
+    alias: str, params: list[Any], once: Once, due_by: int | None, holder: str
+) -> Enqueued | None:
+    """The job stored to run after the running ``holder`` (or the one stored so replaced): it
+    holds the key's successor hash, so there is one per key, and waits for the holder through
+    a dependency whose policy is "next" (run after it, whatever its outcome); released, it takes
+    the key's own hash (workflows/successors.py). None when the holder has ended meanwhile: the
+    savepoint undoes the insert."""
+    successor = list(params)
+    successor[10] = "blocked"
+    successor[-1] = successor_hash(params[-1])
+    try:
+        with transaction.atomic(using=alias):
+            found = _replace(alias, successor, once, due_by)
+            if not isinstance(found, Enqueued):
+                raise _HolderEnded  # a successor that runs: not one of ours, let the caller try again
+            if found.outcome == STORED:
+                status = dependencies.add(connections[alias], found, [(holder, False)], SUCCESSOR_POLICY)
+                if status != "blocked":
+                    raise _HolderEnded
+            return found
+    except _HolderEnded:
+        return None
+
+
+class _HolderEnded(Exception):
+    """The running holder a successor was to wait for has ended."""
+
+
+def _replace(alias: str, params: list[Any], once: Once, due_by: int | None) -> Enqueued | str:
+    """One statement where it can (``replace_job``): an insert, or a waiting holder replaced; the
+    holder that runs (or a failed one that kept its hash) goes the long way. Returns what was
+    done, or the id of the holder that runs (a plain ``str``)."""
+    conn = connections[alias]
+    backend = backend_for(conn)
     max_delay = None if once.max_delay is None else math.floor(once.max_delay)
     statement = backend.replace_job(params, due_by, max_delay)
     if backend.replace_returns:  # one statement: no transaction of its own needed
@@ -171,12 +213,12 @@ def _replaced(alias: str, params: list[Any], once: Once) -> Enqueued:
             row = c.fetchone()
     if row is not None and row[0] == params[0]:
         return Stored(params[0])
-    if row is not None and row[1] in ("pending", "waiting", "blocked"):
+    if row is not None and row[1] in WAITS:
         return Replaced(row[0])
     return _replaced_slowly(alias, params, once, due_by)
 
 
-def _replaced_slowly(alias: str, params: list[Any], once: Once, due_by: int | None) -> Enqueued:
+def _replaced_slowly(alias: str, params: list[Any], once: Once, due_by: int | None) -> Enqueued | str:
     conn = connections[alias]
     digest = params[-1]
     lock = backend_for(conn).features.row_lock
@@ -197,7 +239,7 @@ def _replaced_slowly(alias: str, params: list[Any], once: Once, due_by: int | No
             if row is None:
                 continue  # the holder ended between the two statements: insert again
             holder, status, held_due_by, created_at = row
-            if status in ("pending", "waiting", "blocked"):
+            if status in WAITS:
                 cap = held_due_by
                 if cap is None and once.max_delay is not None:
                     cap = math.floor(created_at + once.max_delay)  # its burst began at its enqueue
@@ -214,8 +256,8 @@ def _replaced_slowly(alias: str, params: list[Any], once: Once, due_by: int | No
             if status == "running":
                 # Never changed, and its row not touched at all: an update of a running row
                 # would change the row version its worker's completion deletes by (PostgreSQL's
-                # ctid), and drop its outcome. Nothing is stored (see the module's docstring).
-                return Skipped(holder)
+                # ctid), and drop its outcome. The caller stores the job after it.
+                return str(holder)
             # A failed row still holding the key (a rust-web-server writer does not clear it): free it.
             c.execute("UPDATE rws_jobs SET unique_hash = NULL WHERE id = %s AND status = 'failed'", [holder])
     raise RuntimeError(f"could not enqueue unique job {params[1]!r} key {params[8]!r}: kept conflicting")

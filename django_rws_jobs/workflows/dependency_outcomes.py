@@ -17,6 +17,8 @@ from ..database.backends.inserts import batches
 from ..database.backends.statements import placeholders
 from ..flow.concurrency_keys import promote
 from ..queue.store import Store
+from . import successors
+from .successors import SUCCESSOR_POLICY
 
 if TYPE_CHECKING:
     from ..database.backends.claimed import Claimed
@@ -122,13 +124,15 @@ def ended(store: Any, depends_on: Sequence[str], outcome: str, cancelled: list[s
             with store.cursor() as c:
                 store.execute(  # (prepared where the worker's statements are: a chain's every step)
                     c,
-                    f"SELECT DISTINCT job_id FROM rws_job_dependencies WHERE depends_on IN ({marks}) "
+                    f"SELECT DISTINCT job_id, policy FROM rws_job_dependencies WHERE depends_on IN ({marks}) "
                     "AND (outcome IS NULL OR outcome <> %s)",
                     [*part, result],
                 )
-                waiting = [row[0] for row in c.fetchall()]
-            if not waiting:
+                edges = c.fetchall()
+            if not edges:
                 continue  # nothing waits for them (or this was written before: the sweep's)
+            waiting = list(dict.fromkeys(row[0] for row in edges))
+            after_holder = {row[0] for row in edges if row[1] == SUCCESSOR_POLICY}
             for some in batches(iter(waiting), CHUNK // 2):
                 jobs = placeholders(len(some))
                 with store.writes, store.cursor() as c:
@@ -138,11 +142,14 @@ def ended(store: Any, depends_on: Sequence[str], outcome: str, cancelled: list[s
                         f"AND depends_on IN ({marks}) AND (outcome IS NULL OR outcome <> %s)",
                         [result, *some, *part, result],
                     )
-                    if result == "succeeded":
-                        store.execute(c, RELEASE_SQL.format(hint, jobs), list(some))
+                    plain = [j for j in some if j not in after_holder] if after_holder else some
+                    if result == "succeeded" and plain:
+                        store.execute(c, RELEASE_SQL.format(hint, placeholders(len(plain))), list(plain))
                         changed += c.rowcount
-            if result == "succeeded":
+            if result == "succeeded" and not after_holder:
                 continue
+            if result == "succeeded":
+                waiting = list(after_holder)  # successors.release takes the key's hash with the status
             released, cancelled_now = resolve(store, waiting)
             changed += released + len(cancelled_now)
             if cancelled_now:
@@ -169,11 +176,20 @@ def resolve(store: Any, job_ids: Sequence[str]) -> tuple[int, list[str]]:
                 edges.setdefault(job_id, []).append((policy, outcome))
         by_status: dict[str, list[str]] = {}
         for job_id, its in edges.items():
-            by_status.setdefault(decide(its), []).append(job_id)
-        if not by_status.get("pending") and not by_status.get("cancelled"):
+            status = decide(its)
+            if status == "pending" and any(p == SUCCESSOR_POLICY for p, _ in its):
+                status = "successor"
+            by_status.setdefault(status, []).append(job_id)
+        if not by_status.get("pending") and not by_status.get("cancelled") and not by_status.get("successor"):
             continue
         now = int(clock.now(store.conn.alias))
+        if by_status.get("successor"):
+            count, cancelled_now = successors.release(store, by_status["successor"], now)
+            released += count
+            cancelled += cancelled_now
         hint = store.backend.primary_key_hint()
+        if not by_status.get("pending") and not by_status.get("cancelled"):
+            continue
         with store.writes, store.cursor() as c:  # each statement applies to blocked jobs only
             if by_status.get("pending"):
                 released += _set_status(c, by_status["pending"], "pending", now, hint)

@@ -741,11 +741,13 @@ def long_bad(payload: str) -> None:
 
 @job("test.payload_stable")
 def payload_stable(payload: str) -> None:
-    """Traces its payload as it started and as its row holds it after a pause: a replace that
-    changed a running job would show two different payloads (tests/test_enqueue_once.py)."""
+    """Traces its payload as it starts ("started"), then as its row holds it after a pause: a
+    replace that changed a running job would show two different payloads, two jobs of a key that
+    ran at once two starts in a row (tests/test_enqueue_once.py)."""
     from django.db import connection
 
     ctx = current_job()
+    _trace("started", payload)
     time.sleep(0.05)
     with connection.cursor() as c:
         c.execute("SELECT payload FROM rws_jobs WHERE id = %s", [ctx.id])
