@@ -92,6 +92,26 @@ def enqueue(
     """
     from .api.enqueue import enqueue as _enqueue  # (loads the models)
 
+    # CPython compiles a call with more than 14 keywords into one that builds a dict of them
+    # first (its STACK_USE_GUIDELINE), which costs more than the rest of this wrapper: the options
+    # of api/enqueue_once.py go along only when given (benchmarks/enqueue_once.py --instructions).
+    if on_conflict == "skip" and max_delay is None and unique_for is None:
+        return _enqueue(
+            job_type,
+            payload,
+            queue=queue,
+            priority=priority,
+            run_at=run_at,
+            run_in=run_in,
+            unique=unique,
+            max_retries=max_retries,
+            timeout=timeout,
+            concurrency_key=concurrency_key,
+            after=after,
+            on_dependency_failure=on_dependency_failure,
+            metadata=metadata,
+            using=using,
+        )
     return _enqueue(
         job_type,
         payload,

@@ -162,35 +162,29 @@ def enqueue(
         else once_options(unique, on_conflict, max_delay, unique_for, after)
     )
     deps = waits_for(after, on_dependency_failure)
-
-    def store(metadata: Any) -> str:
-        params = prepare(
-            job_type,
-            payload,
-            queue=queue,
-            priority=priority,
-            run_at=run_at,
-            run_in=run_in,
-            unique=unique,
-            max_retries=max_retries,
-            timeout=timeout,
-            concurrency_key=concurrency_key,
-            metadata=metadata,
-            now=clock.now(alias),
-        )
-        return insert_prepared(alias, params, deps, once)
-
+    params = prepare(
+        job_type,
+        payload,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        run_in=run_in,
+        unique=unique,
+        max_retries=max_retries,
+        timeout=timeout,
+        concurrency_key=concurrency_key,
+        metadata=metadata,
+        now=clock.now(alias),
+    )
     enqueuers = middleware.chains()[0]
     if not enqueuers:
-        return store(metadata)
-    if metadata is not None:
-        metadata_text(metadata)  # a bad one is refused before any middleware sees it
-    spec = registry.get(job_type) if isinstance(job_type, str) else None
-    named = queue if queue is not None else (spec.options.get("queue", "default") if spec else "default")
-    job = middleware.Enqueue(job_type, named, dict(metadata or {}), False, alias)
+        return insert_prepared(alias, params, deps, once)
+    # The middleware sees a job that is valid, and may change its metadata only.
+    job = middleware.Enqueue(params[1], params[6], dict(metadata or {}), False, alias)
 
     def call_next() -> str:
-        job.ids = [store(job.metadata or None)]
+        params[15] = metadata_text(job.metadata) if job.metadata else None
+        job.ids = [insert_prepared(alias, params, deps, once)]
         return job.ids[0]
 
     return middleware.enqueue_around(enqueuers, job, call_next)
@@ -213,11 +207,16 @@ def waits_for(after: Any, policy: Any) -> tuple[list[tuple[str, bool]], str] | N
     return deps, policy
 
 
+#: Runs of a replace or a throttle that deadlocked, in a transaction of its own.
+DEADLOCK_TRIES = 5
+
+
 def insert_prepared(
     alias: str,
     params: list[Any],
     deps: tuple[list[tuple[str, bool]], str] | None = None,
     once: Once | None = None,
+    again: bool = False,
 ) -> Enqueued:
     """Insert one job that ``prepare`` made, in the caller's transaction; return its id (or, for
     a unique job, the id of the live job holding its key, or of the one it replaced: ``once``).
@@ -225,29 +224,19 @@ def insert_prepared(
     (dependencies.py); it is stored blocked.
 
     A replace or a throttle that the database ends with a deadlock (MariaDB's InnoDB, under
-    contention on one key: the whole transaction is rolled back) runs again when the transaction
-    was this call's own; inside the caller's, the error is raised, as the database asks, for the
-    caller to run its transaction again (tests/test_enqueue_once.py, the races)."""
+    contention on one key: the whole transaction is rolled back) runs again (``again``) when the
+    transaction was this call's own; inside the caller's, the error is raised, as the database
+    asks, for the caller to run its transaction again (tests/test_enqueue_once.py, the races)."""
     backend = backend_for(connections[alias])
     backend.check_insert_size(params, "the job")
-    if once is None or connections[alias].in_atomic_block:
-        return _insert_prepared(alias, params, deps, once)
-    for _ in range(DEADLOCK_TRIES - 1):
-        try:
-            return _insert_prepared(alias, list(params), deps, once)
-        except DatabaseError as exc:
-            if not backend.deadlocked(exc):
-                raise
-    return _insert_prepared(alias, params, deps, once)
-
-
-#: Runs of a replace or a throttle that deadlocked, in a transaction of its own.
-DEADLOCK_TRIES = 5
-
-
-def _insert_prepared(
-    alias: str, params: list[Any], deps: tuple[list[tuple[str, bool]], str] | None, once: Once | None
-) -> Enqueued:
+    if once is not None and not again and not connections[alias].in_atomic_block:
+        for _ in range(DEADLOCK_TRIES - 1):
+            try:
+                return insert_prepared(alias, list(params), deps, once, again=True)
+            except DatabaseError as exc:
+                if not backend.deadlocked(exc):
+                    raise
+        return insert_prepared(alias, params, deps, once, again=True)
     member_of = open_batch_id(alias)
     if deps is not None:
         params[10] = "blocked"
