@@ -96,6 +96,35 @@ def test_a_running_holder_is_never_changed_and_a_successor_waits_for_it():
     assert (latest, latest.outcome) == (successor, "replaced")
 
 
+def test_a_replace_is_one_statement_where_the_database_returns_the_row():
+    from django.test.utils import CaptureQueriesContext
+
+    from django_rws_jobs.database.backends import backend_for
+
+    first = rws.enqueue("test.record", "1", unique="one", on_conflict="replace", run_in=60)
+    with CaptureQueriesContext(connection) as queries:
+        again = rws.enqueue("test.record", "2", unique="one", on_conflict="replace", run_in=60)
+    assert (again, again.outcome) == (first, "replaced")
+    statements = [q["sql"] for q in queries.captured_queries]
+    # (MySQL's: the statement and a read back, in a transaction)
+    assert len(statements) == (1 if backend_for(connection).replace_returns else 2), statements
+
+
+@pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL's statement, without RETURNING")
+def test_a_replace_without_returning_reads_the_row_back(monkeypatch):
+    """MySQL has no RETURNING: the replace reads the row back under the lock its statement took
+    (MariaDB's own path returns it; this runs MySQL's on MariaDB)."""
+    from django_rws_jobs.database.backends.mysql import MySQLBackend
+
+    monkeypatch.setattr(MySQLBackend, "replace_returns", False)
+    first = rws.enqueue("test.record", "1", unique="m", on_conflict="replace", run_in=60)
+    second = rws.enqueue("test.record", "2", unique="m", on_conflict="replace")
+    assert (first.outcome, second, second.outcome) == ("stored", first, "replaced")
+    claim_one(Store(connection), first)
+    successor = rws.enqueue("test.record", "3", unique="m", on_conflict="replace")
+    assert successor.outcome == "stored" and rows("m") == [("running", "2"), ("blocked", "3")]
+
+
 def test_a_successor_runs_after_a_holder_that_failed():
     holder = rws.enqueue("test.fail", "x", unique="f", on_conflict="replace", max_retries=0)
     store = Store(connection)

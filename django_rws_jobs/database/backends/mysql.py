@@ -153,11 +153,15 @@ class MySQLBackend(BaseBackend):
             f" ON DUPLICATE KEY UPDATE {', '.join(sets)}"
         )
 
-    replace_returns = False
+    @property
+    def replace_returns(self) -> bool:  # type: ignore[override]
+        # MariaDB's INSERT ... ON DUPLICATE KEY UPDATE ... RETURNING returns the row inserted, or
+        # the row that held the key as the statement left it (changed or not); MySQL has none.
+        return bool(self.features.can_return_deleted)
 
     def replace_job(self, params: Sequence[Any], due_by: int | None, max_delay: int | None) -> Sql:
-        # Each assignment sees the ones before it: next_run_at reads the old due_by. The caller
-        # reads the row back under its lock (no RETURNING with ON DUPLICATE KEY UPDATE).
+        # Each assignment sees the ones before it: next_run_at reads the old due_by. Without
+        # RETURNING (MySQL) the caller reads the row back under its lock.
         waits = f"status IN {WAITS}"
         sets = ", ".join(f"{c} = IF({waits}, VALUES({c}), {c})" for c in REPLACED)
         return Sql(
@@ -165,7 +169,8 @@ class MySQLBackend(BaseBackend):
             f"ON DUPLICATE KEY UPDATE {sets}, "
             f"next_run_at = IF({waits}, LEAST(VALUES(next_run_at), "
             "COALESCE(due_by, created_at + %s, VALUES(next_run_at))), next_run_at), "
-            f"due_by = IF({waits}, COALESCE(due_by, created_at + %s), due_by)",
+            f"due_by = IF({waits}, COALESCE(due_by, created_at + %s), due_by)"
+            + (" RETURNING id, status" if self.replace_returns else ""),
             [*params, due_by, max_delay, max_delay],
         )
 
