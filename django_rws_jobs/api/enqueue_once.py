@@ -30,6 +30,7 @@ from typing import Any
 from django.db import IntegrityError, connections, transaction
 
 from ..database.backends import backend_for
+from ..database.backends.cursors import kept_cursor
 from ..database.backends.inserts import INSERT_SQL
 from ..database.validation import show
 from ..models import Status
@@ -201,9 +202,14 @@ def _replace(alias: str, params: list[Any], once: Once, due_by: int | None) -> E
     max_delay = None if once.max_delay is None else math.floor(once.max_delay)
     statement = backend.replace_job(params, due_by, max_delay)
     if backend.replace_returns:  # one statement: no transaction of its own needed
-        with conn.cursor() as c:
-            c.execute(*statement)
-            row = c.fetchone()
+        kept = kept_cursor(conn)
+        if kept is None:
+            with conn.cursor() as c:
+                c.execute(*statement)
+                row = c.fetchone()
+        else:
+            kept.execute(*statement)
+            row = kept.fetchone()
     else:
         with transaction.atomic(using=alias), conn.cursor() as c:
             c.execute(*statement)
@@ -215,6 +221,8 @@ def _replace(alias: str, params: list[Any], once: Once, due_by: int | None) -> E
         return Stored(params[0])
     if row is not None and row[1] in WAITS:
         return Replaced(row[0])
+    if row is not None and row[1] == "running":
+        return str(row[0])  # (MariaDB's RETURNING gives the row it left alone)
     return _replaced_slowly(alias, params, once, due_by)
 
 

@@ -159,19 +159,19 @@ class MySQLBackend(BaseBackend):
         # the row that held the key as the statement left it (changed or not); MySQL has none.
         return bool(self.features.can_return_deleted)
 
-    def replace_job(self, params: Sequence[Any], due_by: int | None, max_delay: int | None) -> Sql:
+    @cached_property
+    def replace_job_sql(self) -> str:
         # Each assignment sees the ones before it: next_run_at reads the old due_by. Without
         # RETURNING (MySQL) the caller reads the row back under its lock.
         waits = f"status IN {WAITS}"
         sets = ", ".join(f"{c} = IF({waits}, VALUES({c}), {c})" for c in REPLACED)
-        return Sql(
+        return (
             f"{INSERT_HEAD.replace(') VALUES ', ', due_by) VALUES ')}{INSERT_VALUES[:-1]}, %s) "
             f"ON DUPLICATE KEY UPDATE {sets}, "
             f"next_run_at = IF({waits}, LEAST(VALUES(next_run_at), "
             "COALESCE(due_by, created_at + %s, VALUES(next_run_at))), next_run_at), "
             f"due_by = IF({waits}, COALESCE(due_by, created_at + %s), due_by)"
-            + (" RETURNING id, status" if self.replace_returns else ""),
-            [*params, due_by, max_delay, max_delay],
+            + (" RETURNING id, status" if self.replace_returns else "")
         )
 
     def deadlocked(self, exc: BaseException) -> bool:

@@ -8,6 +8,7 @@ its SQL differs: index hints, the queue filter, the band walk, the lock of the c
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from functools import cached_property
 from operator import attrgetter
 from typing import Any
 
@@ -178,15 +179,19 @@ class Statements:
         its key its payload and options, its due time capped at its burst's (``max_delay``
         seconds after its enqueue, unless it has a cap): one statement, which returns the row's
         (id, status), none when the holder does not wait (api/enqueue_once.py)."""
+        return Sql(self.replace_job_sql, [*params, due_by, max_delay, max_delay])
+
+    @cached_property
+    def replace_job_sql(self) -> str:
+        """replace_job's text, made once per connection's backend."""
         sets = ", ".join(f"{c} = excluded.{c}" for c in REPLACED)
-        return Sql(
+        return (
             f"{INSERT_HEAD.replace(') VALUES ', ', due_by) VALUES ')}{INSERT_VALUES[:-1]}, %s) "
             f"ON CONFLICT (unique_hash) DO UPDATE SET {sets}, "
             f"next_run_at = {self.least}(excluded.next_run_at, "
             "COALESCE(rws_jobs.due_by, rws_jobs.created_at + %s, excluded.next_run_at)), "
             "due_by = COALESCE(rws_jobs.due_by, rws_jobs.created_at + %s) "
-            f"WHERE rws_jobs.status IN {WAITS} RETURNING id, status",
-            [*params, due_by, max_delay, max_delay],
+            f"WHERE rws_jobs.status IN {WAITS} RETURNING id, status"
         )
 
     def take_window(self, digest: str, job_id: str, now: int, until: int) -> Sql:
