@@ -161,8 +161,9 @@ def ended(store: Any, depends_on: Sequence[str], outcome: str, cancelled: list[s
 
 def resolve(store: Any, job_ids: Sequence[str]) -> tuple[int, list[str]]:
     """Decide each blocked job among ``job_ids`` from its dependency rows; (how many released,
-    the ids cancelled)."""
-    released = 0
+    the ids cancelled). A replace's successor is released by successors.release, which gives it
+    its key's own hash (or cancels it if a newer job took the key)."""
+    released = failed = 0
     cancelled: list[str] = []
     for part in batches(iter(dict.fromkeys(job_ids)), CHUNK):
         edges: dict[str, list[tuple[str, str | None]]] = {}
@@ -184,9 +185,9 @@ def resolve(store: Any, job_ids: Sequence[str]) -> tuple[int, list[str]]:
             continue
         now = int(clock.now(store.conn.alias))
         if by_status.get("successor"):
-            count, cancelled_now = successors.release(store, by_status["successor"], now)
+            count, superseded = successors.release(store, by_status["successor"], now)
             released += count
-            cancelled += cancelled_now
+            cancelled += superseded
         hint = store.backend.primary_key_hint()
         if not by_status.get("pending") and not by_status.get("cancelled"):
             continue
@@ -196,8 +197,9 @@ def resolve(store: Any, job_ids: Sequence[str]) -> tuple[int, list[str]]:
             if by_status.get("cancelled"):
                 _set_status(c, by_status["cancelled"], "cancelled", now, hint)
                 cancelled += by_status["cancelled"]
-    if cancelled:
-        logger.warning("%d blocked job(s) cancelled: a job or batch they wait for failed", len(cancelled))
+                failed += len(by_status["cancelled"])
+    if failed:
+        logger.warning("%d blocked job(s) cancelled: a job or batch they wait for failed", failed)
     return released, cancelled
 
 

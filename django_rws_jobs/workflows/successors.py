@@ -19,6 +19,7 @@ Invariants (tests/test_enqueue_once.py, "successors"):
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -27,6 +28,8 @@ from django.db import IntegrityError, transaction
 
 from ..database.backends.base import is_registered
 from ..queue.unique_keys import successor_hash, unique_hash
+
+logger = logging.getLogger("django_rws_jobs")
 
 #: The policy of a successor's dependency on the holder of its key.
 SUCCESSOR_POLICY = "next"
@@ -61,6 +64,8 @@ def release(store: Any, job_ids: Sequence[str], now: int) -> tuple[int, list[str
                 cancelled.append(job_id)
             if done is not None:
                 break
+    if cancelled:
+        logger.warning("%d successor job(s) cancelled: a newer job took their unique key", len(cancelled))
     return len(released), cancelled
 
 
