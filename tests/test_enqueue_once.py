@@ -8,7 +8,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
 import django_rws_jobs as rws
 from django_rws_jobs.api.enqueue_once import prune_windows
@@ -118,13 +118,52 @@ def test_a_replace_without_returning_reads_the_row_back(monkeypatch):
     from django_rws_jobs.database.backends.mysql import MySQLBackend
 
     monkeypatch.setattr(MySQLBackend, "replace_returns", False)
-    monkeypatch.delitem(backend_for(connection).__dict__, "replace_job_sql", raising=False)
-    first = rws.enqueue("test.record", "1", unique="m", on_conflict="replace", run_in=60)
-    second = rws.enqueue("test.record", "2", unique="m", on_conflict="replace")
-    assert (first.outcome, second, second.outcome) == ("stored", first, "replaced")
-    claim_one(Store(connection), first)
-    successor = rws.enqueue("test.record", "3", unique="m", on_conflict="replace")
-    assert successor.outcome == "stored" and rows("m") == [("running", "2"), ("blocked", "3")]
+    connections["default"].rws_backend = None  # a new backend makes the statement's text again
+    try:
+        first = rws.enqueue("test.record", "1", unique="m", on_conflict="replace", run_in=60)
+        second = rws.enqueue("test.record", "2", unique="m", on_conflict="replace")
+        assert (first.outcome, second, second.outcome) == ("stored", first, "replaced")
+        assert "RETURNING" not in backend_for(connections["default"]).replace_job_sql
+        claim_one(Store(connection), first)
+        successor = rws.enqueue("test.record", "3", unique="m", on_conflict="replace")
+        assert successor.outcome == "stored" and rows("m") == [("running", "2"), ("blocked", "3")]
+    finally:
+        connections["default"].rws_backend = None  # and with RETURNING again for the next tests
+
+
+@pytest.mark.skipif(
+    connection.vendor == "sqlite",
+    reason="SQLite has one writer: an open write transaction blocks every other",
+)
+def test_a_replace_in_an_open_transaction_does_not_hold_a_running_holders_worker():
+    """A caller's transaction that replaced beside a running holder stays open: the holder's
+    worker still renews its lease and finishes it (its row is not locked), and the successor is
+    released once the caller commits."""
+    from django.db import transaction
+
+    from django_rws_jobs.database.connections import private_connection
+
+    holder = rws.enqueue("test.record", "1", unique="open", on_conflict="replace")
+    worker = private_connection("default")
+    try:
+        store = Store(worker)
+        with store.cursor() as c:
+            c.execute(
+                "SET lock_timeout = '200ms'"
+                if worker.vendor == "postgresql"
+                else "SET SESSION innodb_lock_wait_timeout = 1"
+            )
+        claimed = claim_one(store, holder)
+        with transaction.atomic():
+            successor = rws.enqueue("test.record", "2", unique="open", on_conflict="replace")
+            again = rws.enqueue("test.record", "3", unique="open", on_conflict="replace")
+            assert successor.outcome == "stored" and (again, again.outcome) == (successor, "replaced")
+            assert store.renew([claimed.token], int(clock.now()) + 120) == 1  # no lock wait
+            assert store.complete(claimed)
+        assert holder_of("open") == (successor, "pending")  # the enqueue's recheck released it
+        assert rows("open") == [("pending", "3")]
+    finally:
+        worker.close()
 
 
 def test_a_successor_runs_after_a_holder_that_failed():

@@ -153,8 +153,11 @@ def _replaced(alias: str, params: list[Any], once: Once) -> Enqueued:
     due_by = None if once.max_delay is None else math.floor(params[5] + once.max_delay)
     if due_by is not None:
         params[4] = min(params[4], due_by)
+    inside = connections[alias].in_atomic_block
     for _ in range(TRIES):
-        found = _replace(alias, params, once, due_by)
+        found = (_running_holder(alias, params[-1]) if inside else None) or _replace(
+            alias, params, once, due_by
+        )
         if isinstance(found, Enqueued):
             return found
         stored = _stored_after(alias, params, once, due_by, found)
@@ -187,6 +190,18 @@ def _stored_after(
             return found
     except _HolderEnded:
         return None
+
+
+def _running_holder(alias: str, digest: str) -> str | None:
+    """The running holder of the key, by a plain read: inside the caller's transaction a replace
+    leaves its row unlocked, where the upsert would lock it (``ON CONFLICT`` and ``ON DUPLICATE
+    KEY UPDATE`` lock the row they meet) until the caller commits, holding up its worker's
+    renewals and outcome (tests/test_enqueue_once.py::
+    test_a_replace_in_an_open_transaction_does_not_hold_a_running_holders_worker)."""
+    with connections[alias].cursor() as c:
+        c.execute("SELECT id FROM rws_jobs WHERE unique_hash = %s AND status = 'running'", [digest])
+        row = c.fetchone()
+    return None if row is None else str(row[0])
 
 
 class _HolderEnded(Exception):
