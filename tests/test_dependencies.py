@@ -14,7 +14,7 @@ from django_rws_jobs.database.connections import private_connection
 from django_rws_jobs.models import Dependency, Job
 from django_rws_jobs.queue.store import Store
 from django_rws_jobs.workflows import batch_outcomes, dependency_outcomes
-from tests.conftest import drain
+from tests.conftest import drain, short_lock_waits
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -147,12 +147,7 @@ def test_an_open_enqueue_after_a_running_job_does_not_hold_its_worker():
     worker = private_connection("default")
     try:
         store = Store(worker)
-        with store.cursor() as c:
-            c.execute(
-                "SET lock_timeout = '200ms'"
-                if worker.vendor == "postgresql"
-                else "SET SESSION innodb_lock_wait_timeout = 1"
-            )
+        short_lock_waits(store)
         now = int(time.time())
         claimed = {job.id: job for job in store.claim("w#1", now, now + 60, None, 2)}
         assert set(claimed) == {x, y}

@@ -17,7 +17,7 @@ from django_rws_jobs.models import Job, UniqueWindow
 from django_rws_jobs.queue.store import Store
 from django_rws_jobs.queue.unique_keys import unique_hash
 from django_rws_jobs.workflows.dependency_outcomes import sweep
-from tests.conftest import drain, run_python
+from tests.conftest import drain, run_python, short_lock_waits
 from tests.test_worker import wait_for, workers  # noqa: F401  (a fixture)
 from tests.testapp.models import Run
 
@@ -147,12 +147,7 @@ def test_a_replace_in_an_open_transaction_does_not_hold_a_running_holders_worker
     worker = private_connection("default")
     try:
         store = Store(worker)
-        with store.cursor() as c:
-            c.execute(
-                "SET lock_timeout = '200ms'"
-                if worker.vendor == "postgresql"
-                else "SET SESSION innodb_lock_wait_timeout = 1"
-            )
+        short_lock_waits(store)
         claimed = claim_one(store, holder)
         with transaction.atomic():
             successor = rws.enqueue("test.record", "2", unique="open", on_conflict="replace")
